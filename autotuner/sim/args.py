@@ -123,8 +123,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-seed", type=int, default=0)
 
 
-def new_parser(prog: str = "vllm") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, allow_abbrev=True)
+def new_parser(prog: str = "vllm", conflict_handler: str = "error") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, allow_abbrev=True, conflict_handler=conflict_handler)
     add_engine_flags(parser)
     return parser
 

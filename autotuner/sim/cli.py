@@ -26,7 +26,8 @@ def _token_range(text: str) -> tuple[int, int]:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
-    parser = new_parser(prog="autotuner sim evaluate")
+    # The workload's --seed takes the place of vLLM's sampling --seed, which evaluation has no use for.
+    parser = new_parser(prog="autotuner sim evaluate", conflict_handler="resolve")
     wl = parser.add_argument_group("workload")
     wl.add_argument("--prompts", type=int, default=32, help="number of requests")
     wl.add_argument("--prompt-tokens", type=_token_range, default=(3000, 6000), help="LO-HI, uniform")

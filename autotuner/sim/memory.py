@@ -41,7 +41,7 @@ CUDAGRAPH_PER_SEQ_BYTES = int(0.19 * GIB) // 512
 # earlier context through paged KV (per new token × context token, much cheaper). The per-pair figure
 # is what makes #52871 and the seed's 13B/TP8 story come out as reported; it does not scale with the
 # head count on purpose (calibrated per GPU, not derived).
-ATTN_CHUNK_BYTES_PER_PAIR = 150
+ATTN_CHUNK_BYTES_PER_PAIR = 360
 ATTN_CONTEXT_BYTES_PER_PAIR = 8
 # The caching allocator rounds large blocks to 2 MiB and keeps them reserved.
 ALLOCATOR_ROUND_BYTES = 2 * MIB

@@ -13,6 +13,7 @@ import signal
 import time
 import uuid
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ LOG_INTERVAL_S = 10.0  # vLLM's periodic stats line, simulated seconds
 # After the engine dies, the API server lingers this long (wall) before exiting, as vLLM's does
 # while it fails requests and tears down.
 DEATH_LINGER_S = 0.5
+FINISHED_LOG_SIZE = 10_000
 
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
@@ -73,6 +75,7 @@ class SimEngine:
         self._next_log = LOG_INTERVAL_S
         self._window = [0, 0]  # prompt, generation tokens since the last stats line
         self._last_token: dict[SimRequest, float] = {}
+        self.finished_log: deque[dict[str, object]] = deque(maxlen=FINISHED_LOG_SIZE)
 
     def vclock(self) -> float:
         """Simulated time now: the engine's clock, never behind the wall clock."""
@@ -141,6 +144,10 @@ class SimEngine:
             if stream is None:
                 continue
             m.e2e.observe(result.end - req.arrival)
+            self.finished_log.append({
+                "id": req.request_id, "arrival_s": req.arrival, "first_token_s": req.first_token,
+                "finished_s": req.finished_at, "prompt_tokens": req.prompt_len,
+                "output_tokens": req.output_len, "preemptions": req.preemptions})
             reason = req.finish_reason or "length"
             m.success[reason] = m.success.get(reason, 0) + 1
             stream.queue.put_nowait(None)
@@ -311,10 +318,16 @@ def build_app(config: EngineConfig, engine: SimEngine, started: float) -> Starle
             return exc.response()
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        shape = _Shape(chat, model, len(ids), stream.key)
+        shape = _Shape(chat, model, len(ids), stream.key, stream.sim.request_id)
         if body.get("stream"):
-            return StreamingResponse(_sse(engine, stream, shape, include_usage), media_type="text/event-stream")
+            events = _sse(engine, stream, shape, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
         return await _whole(engine, stream, shape)
+
+    async def sim_requests(request: Request) -> Response:
+        """The simulator's own record of recent requests, in simulated seconds, keyed by the id the
+        response carries: what the engine scheduled, for checking what a client measured."""
+        return JSONResponse({"speedup": config.sim.speedup, "requests": list(engine.finished_log)})
 
     app = Starlette(routes=[
         Route("/health", health), Route("/ping", health), Route("/version", version),
@@ -322,6 +335,7 @@ def build_app(config: EngineConfig, engine: SimEngine, started: float) -> Starle
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/sim/requests", sim_requests),
     ])
     return app
 
@@ -334,7 +348,7 @@ class _Shape:
     model: str
     prompt_tokens: int
     key: int
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict[str, object]:

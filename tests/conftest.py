@@ -1,0 +1,91 @@
+"""Fixtures shared by every test: real processes, real ports, private simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sim_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private simulated GPU host for this test (and for the processes it starts)."""
+    state = tmp_path / "gpus"
+    monkeypatch.setenv("AUTOTUNER_SIM_STATE_DIR", str(state))
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    return state
+
+
+@dataclass
+class SimServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+def start_sim(args: list[str], log_path: Path, wait_ready: bool = True, timeout: float = 30) -> SimServer:
+    port = free_port()
+    argv = [sys.executable, "-m", "autotuner.sim", "serve", *args, "--port", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = SimServer(proc, port, log_path)
+    if wait_ready:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"simulator exited {proc.returncode}:\n{server.log()}")
+            try:
+                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                    return server
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        server.kill_group()
+        raise AssertionError(f"simulator not ready in {timeout}s:\n{server.log()}")
+    return server
+
+
+@pytest.fixture
+def sim_server(sim_state: Path, tmp_path: Path) -> Iterator[type[SimServer]]:
+    """Start simulators with `sim_server.start(args)`; every one is killed (whole group) at the end."""
+    started: list[SimServer] = []
+
+    class Factory:
+        @staticmethod
+        def start(args: list[str], wait_ready: bool = True, timeout: float = 30) -> SimServer:
+            server = start_sim(args, tmp_path / f"sim-{len(started)}.log", wait_ready, timeout)
+            started.append(server)
+            return server
+
+    yield Factory  # type: ignore[misc]
+    for server in started:
+        server.kill_group()
