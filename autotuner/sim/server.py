@@ -555,7 +555,7 @@ async def _main(config: EngineConfig, log: VllmLog) -> int:
             log.core("EngineCore failed to start.", where="core.py:726", level="ERROR")
             log.core(exc.message, where="core.py:726", level="ERROR")
             log.api("RuntimeError: Engine core initialization failed. See root cause above. Failed core "
-                    "proc(s): {'EngineCore_DP0': 1}", level="ERROR")
+                    "proc(s): {'EngineCore': 1}", level="ERROR")
             return 1
         return await _serve_http(config, log, workers, core, stopping)
     finally:

@@ -27,7 +27,7 @@ class VllmLog:
         self.line("APIServer", level, where, message)
 
     def core(self, message: str, where: str = "core.py:93", level: str = "INFO") -> None:
-        self.line("EngineCore_DP0", level, where, message)
+        self.line("EngineCore", level, where, message)
 
     def worker(self, rank: int, pid: int, message: str, where: str = "gpu_worker.py:276",
                level: str = "INFO") -> None:
