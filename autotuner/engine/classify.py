@@ -1,0 +1,118 @@
+"""Reading vLLM's log: why an engine failed, and the figures it printed.
+
+Works on real vLLM (GPU and CPU builds, 0.32) and on the simulator, which prints the same lines.
+Outcomes follow the engine's own words; the caller adds what only it knows (did we stop it, did it
+ever become ready, did the OOM threshold trip).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+OK = "ok"
+OOM_THRESHOLD = "oom-threshold"
+OOM_CRASH = "oom-crash"
+STARTUP_FAILED = "startup-failed"
+INVALID_FLAGS = "invalid-flags"
+TIMEOUT = "timeout"
+CRASH = "crash"
+OUTCOMES = (OK, OOM_THRESHOLD, OOM_CRASH, STARTUP_FAILED, INVALID_FLAGS, TIMEOUT, CRASH)
+
+# (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
+# specific failure seen in the whole log wins overall (see _RANK).
+_RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+    (re.compile(p), before, after)
+    for p, before, after in (
+        (r"error: unrecognized arguments: .*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"error: argument [^:]+: .*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"Value error, .*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"validation error for \w+", INVALID_FLAGS, INVALID_FLAGS),
+        (r"Input should be [^\[]*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"must be divisible by tensor parallel size.*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"World size \(\d+\) is larger than the number of available GPUs.*", INVALID_FLAGS, INVALID_FLAGS),
+        (r"Failed to load model - not enough GPU memory.*", STARTUP_FAILED, STARTUP_FAILED),
+        (r"No available memory for the cache blocks.*", STARTUP_FAILED, STARTUP_FAILED),
+        (r"To serve at least one request with the model's max seq len.*", STARTUP_FAILED, STARTUP_FAILED),
+        (r"Free memory on device .* is less than desired GPU memory utilization.*", STARTUP_FAILED,
+         STARTUP_FAILED),
+        (r"Available memory on node \d+ .* is less than desired CPU memory utilization.*", STARTUP_FAILED,
+         STARTUP_FAILED),
+        (r"CUDA out of memory occurred when warming up sampler.*", STARTUP_FAILED, STARTUP_FAILED),
+        (r"(torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError): CUDA out of memory\..*", STARTUP_FAILED,
+         OOM_CRASH),
+        (r"Address already in use.*|could not serve on .*", CRASH, CRASH),
+        (r"EngineDeadError: .*", CRASH, CRASH),
+        (r"Engine core initialization failed.*", STARTUP_FAILED, CRASH),
+    )
+)
+# When several failures show in one log, the root cause is the most specific one.
+_RANK = {INVALID_FLAGS: 5, OOM_CRASH: 4, STARTUP_FAILED: 3, CRASH: 1}
+_GENERIC = ("Engine core initialization failed", "EngineDeadError", "validation error for")
+
+_CLEAN = re.compile(r"^Value error, | \[type=.*$")
+_KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+_MODEL_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+_BUDGET = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.")
+_VERSION = re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |  version )([\w.+-]+)")
+_PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (?:[\d-]+ [\d:]+ \[[^\]]+\] )?")
+
+
+@dataclass
+class LogFacts:
+    """What the log says. Feed lines as they arrive; read at any time."""
+
+    failure: str | None = None
+    reason: str | None = None
+    failure_after_ready: bool = False
+    kv_cache_tokens: int | None = None
+    model_load_gib: float | None = None
+    model_load_s: float | None = None
+    available_kv_gib: float | None = None
+    max_num_batched_tokens: int | None = None
+    version: str | None = None
+    lines: int = 0
+    # Set once we asked the engine to stop: what it logs while shutting down is not a failure.
+    stopping: bool = False
+    _reason_rank: int = field(default=-1, repr=False)
+    _previous: str = field(default="", repr=False)
+
+    def feed(self, line: str, ready: bool = False) -> None:
+        self.lines += 1
+        text = _PREFIX.sub("", line.rstrip("\n"))
+        if self.kv_cache_tokens is None and (m := _KV_TOKENS.search(text)):
+            self.kv_cache_tokens = int(m.group(1).replace(",", ""))
+        if m := _MODEL_LOAD.search(text):
+            self.model_load_gib, self.model_load_s = float(m.group(1)), float(m.group(2))
+        if m := _KV_MEMORY.search(text):
+            self.available_kv_gib = float(m.group(1))
+        if m := _BUDGET.search(text):
+            self.max_num_batched_tokens = int(m.group(1))
+        if self.version is None and (m := _VERSION.search(text)):
+            self.version = m.group(1).rstrip(".")
+        previous, self._previous = self._previous, text.strip()
+        if self.stopping:
+            return
+        for pattern, before, after in _RULES:
+            m = pattern.search(text)
+            if m is None:
+                continue
+            outcome = after if ready else before
+            reason = _CLEAN.sub("", m.group(0)).strip()
+            if reason.startswith("Input should be"):  # pydantic prints the field on the line before
+                reason = f"{previous}: {reason}"
+            rank = _RANK[outcome] * 2 + (0 if reason.startswith(_GENERIC) else 1)
+            if rank > self._reason_rank:
+                self._reason_rank = rank
+                self.failure, self.reason = outcome, reason
+                self.failure_after_ready = ready
+            break
+
+
+def classify(lines: Iterable[str], ready: bool = False) -> LogFacts:
+    facts = LogFacts()
+    for line in lines:
+        facts.feed(line, ready)
+    return facts

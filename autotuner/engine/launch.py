@@ -1,0 +1,127 @@
+"""From a scenario and a candidate's flags to the argv and environment of one engine process.
+
+argv lists only, never a shell; the engine binds 127.0.0.1 on a port we chose; the API key travels
+in the environment (VLLM_API_KEY), never on the command line where `ps` and our database would see
+it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autotuner.errors import UserInputError
+from autotuner.scenario import FlagValue, Scenario
+
+API_KEY_VAR = "VLLM_API_KEY"
+REDACTED = "***"
+
+
+def flag_argv(flags: Mapping[str, FlagValue]) -> list[str]:
+    """vLLM's long options: true → --name, false → --no-name, a list → --name a b."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv.append(f"--no-{name}")
+        elif isinstance(value, list):
+            argv += [f"--{name}", *map(str, value)]
+        else:
+            argv += [f"--{name}", _number(value)]
+    return argv
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
+        return str(int(value)) if value >= 1e3 else str(value)
+    return str(value)
+
+
+def parse_set(items: list[str]) -> dict[str, FlagValue]:
+    """`--set NAME=VALUE` items: NAME a vLLM long option without dashes; true/false for booleans."""
+    out: dict[str, FlagValue] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip().removeprefix("--").replace("_", "-")
+        if not sep or not name:
+            raise UserInputError(f"--set {item!r}: expected NAME=VALUE, e.g. --set max-num-batched-tokens=1024")
+        out[name] = _parse_value(raw.strip())
+    return out
+
+
+def _parse_value(raw: str) -> FlagValue:
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str] = field(repr=False)
+    port: int
+    served_name: str
+    flags: dict[str, FlagValue]  # fixed flags + candidate, as the engine gets them
+    gpu_indices: list[int] | None
+    has_api_key: bool = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def redacted_env(self) -> dict[str, str]:
+        """What we changed in the environment, secrets hidden: safe to log and store."""
+        return {k: (REDACTED if _secret(k) else v) for k, v in self.env.items() if os.environ.get(k) != v}
+
+    def headers(self) -> dict[str, str]:
+        key = self.env.get(API_KEY_VAR)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _secret(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
+
+
+def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: int | None = None,
+                environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    environ = os.environ if environ is None else environ
+    engine = scenario.engine
+    flags: dict[str, FlagValue] = {**engine.flags, **candidate}
+    port = port or free_port()
+    argv = [*engine.command_prefix(), engine.model, "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", engine.name, *flag_argv(flags)]
+    if engine.kind == "sim":
+        sim = engine.sim
+        argv += ["--sim-gpu", str(scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml"))
+                 else sim.gpu, "--sim-speedup", str(sim.speedup), "--sim-seed", str(sim.seed)]
+        if sim.gpus is not None:
+            argv += ["--sim-gpus", str(sim.gpus)]
+    env = {**environ, **engine.env}
+    env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
+    if engine.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, engine.gpus))
+    has_key = False
+    if engine.api_key_env:
+        key = environ.get(engine.api_key_env)
+        if not key:
+            raise UserInputError(f"engine.api_key_env names {engine.api_key_env}, which is not set: "
+                                 f"export {engine.api_key_env}=... before running")
+        env[API_KEY_VAR] = key
+        has_key = True
+    return LaunchPlan(argv, env, port, engine.name, flags, engine.gpus, has_key)

@@ -1,0 +1,144 @@
+"""One engine lifetime as a supervised process group: start it with an argv list in its own session,
+pump its log to a file and an in-memory tail, wait until it serves (failing fast if it exits), and
+stop the whole group with escalating signals, verifying nothing is left."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from autotuner.engine.classify import LogFacts
+from autotuner.engine.registry import EngineRegistry, group_members, kill_group
+
+TAIL_LINES = 200
+
+
+class EngineProcess:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        registry: EngineRegistry,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.registry = registry
+        self.facts = LogFacts()
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.ready = False
+        self.stopping = False
+        self.killed_at: float | None = None
+        self._on_line = on_line
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pump: threading.Thread | None = None
+        self._started_at = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._started_at = time.time()
+        # Own session: the whole tree (API server, engine core, TP workers) shares one process group.
+        self._proc = subprocess.Popen(
+            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.registry.add(self._proc.pid, self.argv[0])
+        self._pump = threading.Thread(target=self._pump_log, name="engine-log", daemon=True)
+        self._pump.start()
+
+    def _pump_log(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with open(self.log_path, "ab") as log:
+            # Read to EOF, not to the leader's exit: children keep writing after it is gone.
+            for raw in iter(self._proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                with self._lock:
+                    self.tail.append(line)
+                    self.facts.feed(line, self.ready)
+                if self._on_line is not None:
+                    self._on_line(line)
+
+    def mark_stopping(self) -> None:
+        with self._lock:
+            self.stopping = True
+            self.facts.stopping = True
+
+    async def wait_ready(self, base_url: str, served_name: str, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> str | None:
+        """None when ready; otherwise why not ("exited" or "timeout"). Ready = /health 200 and
+        /v1/models lists the served name."""
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=2.0, headers=dict(headers or {})) as http:
+            while time.monotonic() < deadline:
+                if self.returncode is not None:
+                    return "exited"
+                try:
+                    health = await http.get(base_url + "/health")
+                    if health.status_code == 200:
+                        models = await http.get(base_url + "/v1/models")
+                        ids = [m.get("id") for m in models.json().get("data", [])] \
+                            if models.status_code == 200 else []
+                        if served_name in ids:
+                            with self._lock:
+                                self.ready = True
+                            return None
+                except (httpx.TransportError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+        return "timeout"
+
+    def kill_now(self) -> None:
+        """SIGKILL the whole group at once (the OOM threshold tripped: no time for a graceful stop)."""
+        self.mark_stopping()
+        if self._proc is not None and self.killed_at is None:
+            self.killed_at = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+
+    def stop(self, grace_s: float = 15.0) -> bool:
+        """SIGTERM the leader, wait, SIGKILL the group, verify it is gone. True when nothing is left."""
+        if self._proc is None:
+            return True
+        self.mark_stopping()
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=grace_s)
+        gone = kill_group(self._proc.pid, self._started_at, grace_s=0.0) \
+            if group_members(self._proc.pid, not_before=self._started_at) else True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        if gone:
+            self.registry.remove(self._proc.pid)
+        return gone
+
+    def log_tail(self, lines: int = 40) -> list[str]:
+        with self._lock:
+            return list(self.tail)[-lines:]

@@ -1,0 +1,328 @@
+"""The scenario file: one tuning job, validated at load (pydantic at the boundary).
+
+A bad file raises `ScenarioError` with one message naming the file, the line, the field and what is
+allowed. Everything downstream receives plain, validated values.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotuner.errors import ScenarioError
+
+FlagValue = bool | int | float | str | list[str | int | float]
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
+RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SimSettings(_Model):
+    gpu: str = "rtx-3090"
+    gpus: int | None = Field(default=None, ge=1)
+    speedup: float = Field(default=30.0, gt=0)
+    seed: int = 0
+
+
+class EngineSettings(_Model):
+    kind: Literal["vllm", "sim", "sim-virtual"] = "vllm"
+    command: list[str] | None = Field(
+        default=None,
+        description="argv prefix before the model: default `vllm serve` (vllm) or the simulator (sim); "
+        "`python -m vllm.entrypoints.openai.api_server --model` works too",
+    )
+    model: str
+    served_model_name: str | None = None
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    stop_grace_s: float = Field(default=15.0, ge=0)
+    release_timeout_s: float = Field(default=60.0, ge=0)
+    api_key_env: str | None = Field(default=None, description="name of the variable holding the API key")
+    sim: SimSettings = SimSettings()
+
+    @field_validator("flags")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        normalised: dict[str, FlagValue] = {}
+        for name, value in flags.items():
+            key = name.removeprefix("--").replace("_", "-")
+            if not _FLAG_NAME.match(key):
+                raise ValueError(f"flag name {name!r} is not a vLLM long option (like max-num-seqs)")
+            if key in RESERVED_FLAGS:
+                raise ValueError(f"flag {key!r} is set by the tuner; use engine.served_model_name, "
+                                 "engine.api_key_env or engine.model instead")
+            normalised[key] = value
+        return normalised
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: list[str] | None) -> list[str] | None:
+        if command is not None and (not command or not all(command)):
+            raise ValueError("command must be a non-empty list of non-empty strings")
+        return command
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name or self.model
+
+    def command_prefix(self) -> list[str]:
+        if self.command:
+            return list(self.command)
+        if self.kind == "vllm":
+            return ["vllm", "serve"]
+        return [sys.executable, "-m", "autotuner.sim", "serve"]
+
+
+class LengthSettings(_Model):
+    kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    value: int | None = Field(default=None, ge=1)
+    low: int | None = Field(default=None, ge=1)
+    high: int | None = Field(default=None, ge=1)
+    mean: float | None = Field(default=None, gt=0)
+    stddev: float | None = Field(default=None, ge=0)
+    median: float | None = Field(default=None, gt=0)
+    sigma: float | None = Field(default=None, ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> LengthSettings:
+        need = {"fixed": ("value",), "uniform": ("low", "high"), "normal": ("mean", "stddev"),
+                "lognormal": ("median", "sigma")}[self.kind]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind} needs {', '.join(need)} (missing {', '.join(missing)})")
+        if self.kind == "uniform" and self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError("low must be ≤ high")
+        if self.max is not None and self.max < self.min:
+            raise ValueError("max must be ≥ min")
+        return self
+
+
+def _length(value: Any) -> Any:
+    """`256` is shorthand for a fixed length, `3000-6000` for a uniform one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"kind": "fixed", "value": value}
+    if isinstance(value, str) and re.fullmatch(r"\d+-\d+", value):
+        lo, hi = value.split("-")
+        return {"kind": "uniform", "low": int(lo), "high": int(hi)}
+    return value
+
+
+class RequestSettings(_Model):
+    kind: Literal["synthetic", "trace"] = "synthetic"
+    count: int = Field(default=32, ge=1)
+    prompt_tokens: LengthSettings = LengthSettings(kind="uniform", low=3000, high=6000)
+    output_tokens: LengthSettings = LengthSettings(kind="fixed", value=256)
+    shared_prefix_tokens: int = Field(default=0, ge=0)
+    shared_prefix_fraction: float = Field(default=0.0, ge=0, le=1)
+    api: Literal["completions", "chat"] = "completions"
+    path: str | None = Field(default=None, description="JSONL trace, relative to the scenario file")
+
+    _lengths = field_validator("prompt_tokens", "output_tokens", mode="before")(
+        classmethod(lambda cls, v: _length(v)))
+
+    @model_validator(mode="after")
+    def _trace_path(self) -> RequestSettings:
+        if self.kind == "trace" and not self.path:
+            raise ValueError("kind trace needs path (a JSONL file)")
+        return self
+
+
+class ArrivalSettings(_Model):
+    kind: Literal["concurrency", "poisson", "trace", "burst"] = "concurrency"
+    concurrency: int = Field(default=8, ge=1)
+    rate: float | None = Field(default=None, gt=0, description="requests per second (poisson)")
+    time_scale: float = Field(default=1.0, gt=0)
+    burst_size: int | None = Field(default=None, ge=1)
+    burst_interval_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ArrivalSettings:
+        if self.kind == "poisson" and self.rate is None:
+            raise ValueError("kind poisson needs rate (requests per second)")
+        if self.kind == "burst" and (self.burst_size is None or self.burst_interval_s is None):
+            raise ValueError("kind burst needs burst_size and burst_interval_s")
+        return self
+
+
+class WorkloadSettings(_Model):
+    requests: RequestSettings = RequestSettings()
+    arrivals: ArrivalSettings = ArrivalSettings()
+    warmup_requests: int = Field(default=2, ge=0)
+    max_requests: int | None = Field(default=None, ge=1)
+    max_duration_s: float | None = Field(default=None, gt=0)
+    seed: int = 0
+    ignore_eos: bool = True
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class MonitorSettings(_Model):
+    kind: Literal["nvml", "sim", "host", "auto"] = "auto"
+    hz: float = Field(default=100.0, gt=0, le=1000)
+
+
+class OomThreshold(_Model):
+    fraction: float | None = Field(default=0.97, gt=0, le=1)
+    min_free_mib: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> OomThreshold:
+        if self.min_free_mib is not None and "fraction" not in self.model_fields_set:
+            object.__setattr__(self, "fraction", None)
+        if (self.fraction is None) == (self.min_free_mib is None):
+            raise ValueError("give either fraction (of each GPU's total) or min_free_mib, not both")
+        return self
+
+
+class SearchParam(_Model):
+    type: Literal["int", "float", "bool", "categorical"]
+    low: float | None = None
+    high: float | Literal["auto"] | None = None
+    step: float | None = Field(default=None, gt=0)
+    log: bool = False
+    choices: list[FlagValue] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> SearchParam:
+        if self.type in ("int", "float"):
+            if self.low is None or self.high is None:
+                raise ValueError(f"type {self.type} needs low and high")
+            if self.high != "auto" and float(self.high) < self.low:
+                raise ValueError("low must be ≤ high")
+            if self.log and (self.step is not None or self.low <= 0):
+                raise ValueError("log scale needs low > 0 and no step")
+        if self.type == "categorical" and not self.choices:
+            raise ValueError("type categorical needs a non-empty choices list")
+        return self
+
+
+Metric = Literal["output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
+                 "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s"]
+
+
+class Objective(_Model):
+    metric: Metric
+    direction: Literal["maximize", "minimize"]
+
+
+class BudgetSettings(_Model):
+    trials: int = Field(default=30, ge=1)
+    timeout: str | None = Field(default=None, description="e.g. 8h, 90m")
+
+
+class Scenario(_Model):
+    name: str = Field(default="scenario", pattern=r"^[\w.-]+$")
+    engine: EngineSettings
+    search_space: dict[str, SearchParam] | None = None
+    workload: WorkloadSettings = WorkloadSettings()
+    monitor: MonitorSettings = MonitorSettings()
+    oom_threshold: OomThreshold = OomThreshold()
+    objectives: list[Objective] = Field(default_factory=lambda: [
+        Objective(metric="output_tokens_per_s", direction="maximize"),
+        Objective(metric="ttft_p95_s", direction="minimize"),
+    ], min_length=1)
+    slos: dict[Metric, float] = Field(default_factory=dict)
+    current_config: dict[str, FlagValue] = Field(default_factory=dict,
+                                                 description="the flags deployed today, for the baseline")
+    budget: BudgetSettings = BudgetSettings()
+    storage: str = "sqlite:///autotuner.db"
+    source: Path | None = Field(default=None, exclude=True)
+
+    def resolve(self, relative: str) -> Path:
+        """A path from the scenario, relative to the scenario file's directory."""
+        path = Path(relative).expanduser()
+        if path.is_absolute() or self.source is None:
+            return path
+        return self.source.parent / path
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+class _LineLoader(yaml.SafeLoader):
+    """Keeps each mapping's node so that errors can name the line of the offending key."""
+
+
+def _compose(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
+    try:
+        node = yaml.compose(text, Loader=_LineLoader)
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{where}: not valid YAML: {problem}") from None
+    return data, node
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == part:
+                    line, node = key.start_mark.line + 1, value
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    if kind == "missing":
+        return "is required"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    data, node = _compose(text, path)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a mapping with at least `engine: {{model: ...}}`")
+    try:
+        scenario = Scenario.model_validate({**data, "source": path.resolve()})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "_"))))
+        line = _line_of(node, loc)
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        where = f"{path}:{line}" if line else str(path)
+        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        got = first.get("input")
+        shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else \
+            f", got {got!r}"
+        raise ScenarioError(f"{where}: {field}: {_describe(first)}{shown}{more}") from None
+    if scenario.workload.requests.kind == "trace":
+        trace = scenario.resolve(scenario.workload.requests.path or "")
+        if not trace.is_file():
+            raise ScenarioError(f"{path}: workload.requests.path: no such trace file {trace}")
+    return scenario
