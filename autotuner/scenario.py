@@ -6,6 +6,7 @@ allowed. Everything downstream receives plain, validated values.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -15,11 +16,33 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotuner.errors import ScenarioError
+from autotuner.workload.spec import (
+    Arrivals,
+    LengthDist,
+    SyntheticRequests,
+    TraceRequests,
+    WorkloadSpec,
+)
 
 FlagValue = bool | int | float | str | list[str | int | float]
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(text: str) -> str:
+    """`${VAR}` in engine.command, engine.model and engine.env comes from the environment."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ValueError(f"{text!r} uses ${{{name}}}, which is not set in the environment")
+        return os.environ[name]
+
+    return _VAR.sub(value, text)
 
 
 class _Model(BaseModel):
@@ -70,7 +93,17 @@ class EngineSettings(_Model):
     def _command(cls, command: list[str] | None) -> list[str] | None:
         if command is not None and (not command or not all(command)):
             raise ValueError("command must be a non-empty list of non-empty strings")
-        return command
+        return None if command is None else [_expand(part) for part in command]
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, model: str) -> str:
+        return _expand(model)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        return {k: _expand(str(v)) for k, v in env.items()}
 
     @property
     def name(self) -> str:
@@ -157,6 +190,10 @@ class ArrivalSettings(_Model):
         return self
 
 
+def _length_spec(settings: LengthSettings) -> LengthDist:
+    return LengthDist(**settings.model_dump())
+
+
 class WorkloadSettings(_Model):
     requests: RequestSettings = RequestSettings()
     arrivals: ArrivalSettings = ArrivalSettings()
@@ -166,6 +203,21 @@ class WorkloadSettings(_Model):
     seed: int = 0
     ignore_eos: bool = True
     request_timeout_s: float = Field(default=600.0, gt=0)
+
+    def to_spec(self, base_dir: Path | None, time_scale: float = 1.0) -> WorkloadSpec:
+        r = self.requests
+        requests: SyntheticRequests | TraceRequests
+        if r.kind == "trace":
+            path = Path(r.path or "")
+            requests = TraceRequests(path if path.is_absolute() or base_dir is None else base_dir / path)
+        else:
+            requests = SyntheticRequests(r.count, _length_spec(r.prompt_tokens), _length_spec(r.output_tokens),
+                                         r.shared_prefix_tokens, r.shared_prefix_fraction, r.api)
+        a = self.arrivals
+        arrivals = Arrivals(a.kind, a.concurrency, a.rate, a.time_scale * time_scale, a.burst_size,
+                            a.burst_interval_s)
+        return WorkloadSpec(requests, arrivals, self.warmup_requests, self.max_requests, self.max_duration_s,
+                            self.seed, self.ignore_eos, self.request_timeout_s)
 
 
 class MonitorSettings(_Model):
@@ -257,7 +309,7 @@ class _LineLoader(yaml.SafeLoader):
 def _compose(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
     try:
         node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -318,8 +370,9 @@ def load_scenario(path: str | Path) -> Scenario:
         where = f"{path}:{line}" if line else str(path)
         more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
         got = first.get("input")
-        shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else \
-            f", got {got!r}"
+        # The value errors of our validators already say what they got.
+        shown = f", got {got!r}" if isinstance(got, str | int | float) and first["type"] != "value_error" \
+            else ""
         raise ScenarioError(f"{where}: {field}: {_describe(first)}{shown}{more}") from None
     if scenario.workload.requests.kind == "trace":
         trace = scenario.resolve(scenario.workload.requests.path or "")

@@ -30,14 +30,8 @@ def flag_argv(flags: Mapping[str, FlagValue]) -> list[str]:
         elif isinstance(value, list):
             argv += [f"--{name}", *map(str, value)]
         else:
-            argv += [f"--{name}", _number(value)]
+            argv += [f"--{name}", str(value)]
     return argv
-
-
-def _number(value: object) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
-        return str(int(value)) if value >= 1e3 else str(value)
-    return str(value)
 
 
 def parse_set(items: list[str]) -> dict[str, FlagValue]:

@@ -46,6 +46,7 @@ class EngineProcess:
         self._pump: threading.Thread | None = None
         self._started_at = 0.0
         self._lock = threading.Lock()
+        self._closed = threading.Event()
 
     @property
     def pid(self) -> int:
@@ -59,28 +60,42 @@ class EngineProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started_at = time.time()
-        # Own session: the whole tree (API server, engine core, TP workers) shares one process group.
-        self._proc = subprocess.Popen(
-            self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        # The engine writes its log straight to the file, not through a pipe to us: if the tuner dies,
+        # the engine must not die of a broken pipe before the next run finds and stops it.
+        with open(self.log_path, "ab") as log:
+            # Own session: the whole tree (API server, engine core, TP workers) shares one process group.
+            self._proc = subprocess.Popen(
+                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.registry.add(self._proc.pid, self.argv[0])
-        self._pump = threading.Thread(target=self._pump_log, name="engine-log", daemon=True)
+        self._pump = threading.Thread(target=self._follow_log, name="engine-log", daemon=True)
         self._pump.start()
 
-    def _pump_log(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        with open(self.log_path, "ab") as log:
-            # Read to EOF, not to the leader's exit: children keep writing after it is gone.
-            for raw in iter(self._proc.stdout.readline, b""):
-                log.write(raw)
-                log.flush()
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                with self._lock:
-                    self.tail.append(line)
-                    self.facts.feed(line, self.ready)
-                if self._on_line is not None:
-                    self._on_line(line)
+    def _follow_log(self) -> None:
+        """Tail the log file into memory and the classifier until the engine is gone and read out."""
+        with open(self.log_path, "rb") as log:
+            pending = b""
+            while True:
+                chunk = log.read(65536)
+                if chunk:
+                    pending += chunk
+                    *complete, pending = pending.split(b"\n")
+                    for raw in complete:
+                        self._take(raw.decode("utf-8", "replace"))
+                    continue
+                if self._closed.is_set():
+                    break
+                time.sleep(0.05)
+            if pending:
+                self._take(pending.decode("utf-8", "replace"))
+
+    def _take(self, line: str) -> None:
+        with self._lock:
+            self.tail.append(line)
+            self.facts.feed(line, self.ready)
+        if self._on_line is not None:
+            self._on_line(line)
 
     def mark_stopping(self) -> None:
         with self._lock:
@@ -133,6 +148,8 @@ class EngineProcess:
             if group_members(self._proc.pid, not_before=self._started_at) else True
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=5)
+        # Children write after the leader exits: read the log to its end before closing it.
+        self._closed.set()
         if self._pump is not None:
             self._pump.join(timeout=5)
         if gone:

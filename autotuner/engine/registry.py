@@ -93,9 +93,8 @@ class EngineRegistry:
         """Stop every registered engine group whose owning tuner is gone. Returns the pgids stopped."""
         stopped = []
         for entry in self.entries():
-            owner_alive = _create_time(entry.owner_pid) == entry.owner_create_time
-            if owner_alive and entry.owner_pid != os.getpid():
-                continue  # another live tuner's engine: not ours to touch
+            if _create_time(entry.owner_pid) == entry.owner_create_time:
+                continue  # its tuner (maybe this one) is alive and owns it
             if group_members(entry.pgid, not_before=entry.started_at):
                 kill_group(entry.pgid, entry.started_at, grace_s)
                 stopped.append(entry.pgid)

@@ -57,7 +57,8 @@ class HostMonitor(MemoryMonitor):
         if position not in (TREE_INDEX, HOST_INDEX):
             raise IndexError(f"HostMonitor has 2 devices, not position {position}")
         self._walk()
-        return sorted((pid, rss) for pid, rss in self._rss_by_pid())
+        # An exited child not yet reaped (a zombie) shows RSS 0: it holds nothing.
+        return sorted((pid, rss) for pid, rss in self._rss_by_pid() if rss > 0)
 
     def close(self) -> None:
         self._procs.clear()

@@ -98,7 +98,9 @@ class NvmlMonitor(MemoryMonitor):
                 *self._nvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
             ]
         except self._error as exc:
-            raise MonitorError(f"NVML process query failed on GPU {self._devices[position].index}: {exc}") from exc
+            raise MonitorError(
+                f"NVML process query failed on GPU {self._devices[position].index}: {exc}"
+            ) from exc
         for info in infos:
             # usedGpuMemory is None where the driver will not say (some containers, Windows WDDM);
             # the process is still there, so it still counts as holding the GPU.

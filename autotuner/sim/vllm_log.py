@@ -19,9 +19,13 @@ class VllmLog:
     def line(self, process: str, level: str, where: str, message: str, pid: int | None = None) -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
         label = f"({process} pid={pid or self.pid}) {level} "
-        for i, text in enumerate(message.split("\n")):
-            self.stream.write(label + (f"{stamp} [{where}] " if i == 0 else "") + text + "\n")
-        self.stream.flush()
+        text = "".join(label + (f"{stamp} [{where}] " if i == 0 else "") + part + "\n"
+                       for i, part in enumerate(message.split("\n")))
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # like logging's handlers: a lost log reader must not kill the engine
 
     def api(self, message: str, where: str = "api_server.py:1885", level: str = "INFO") -> None:
         self.line("APIServer", level, where, message)

@@ -1,0 +1,74 @@
+"""JSONL request traces: one JSON object per line, checked line by line so that a bad trace is
+reported where it is wrong, not as a failure somewhere in the replay."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from autotuner.workload.spec import WorkloadError
+from autotuner.workload.request_spec import RequestSpec
+
+
+class TraceError(WorkloadError):
+    """A trace file that cannot be read or has an invalid line; the message names file:line."""
+
+
+def load_trace(path: Path, require_arrival: bool = False) -> list[RequestSpec]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: trace is not UTF-8 text ({exc.reason})") from None
+    out: list[RequestSpec] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_parse_line(line, require_arrival))
+        except ValueError as exc:
+            raise TraceError(f"{path}:{lineno}: {exc}") from None
+    if not out:
+        raise TraceError(f"{path}: trace has no requests")
+    return out
+
+
+def _parse_line(line: str, require_arrival: bool) -> RequestSpec:
+    try:
+        obj: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    prompt, messages = obj.get("prompt"), obj.get("messages")
+    if (prompt is None) == (messages is None):
+        raise ValueError("needs exactly one of `prompt` (a string) or `messages` (a list)")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise ValueError("`prompt` must be a non-empty string")
+    if messages is not None:
+        _check_messages(messages)
+    max_tokens = obj.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"`max_tokens` must be a positive integer, got {max_tokens!r}")
+    arrival = obj.get("arrival_s")
+    if arrival is None:
+        if require_arrival:
+            raise ValueError("`arrival_s` is required for trace arrivals (seconds from the start)")
+    elif isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival) \
+            or arrival < 0:
+        raise ValueError(f"`arrival_s` must be a number ≥ 0, got {arrival!r}")
+    return RequestSpec(prompt=prompt, messages=messages, max_tokens=max_tokens,
+                       arrival_s=None if arrival is None else float(arrival), target_prompt_tokens=None)
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("`messages` must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise ValueError(f"`messages[{i}]` must be an object with `role` and `content`")
+        if not isinstance(m["content"], str | list):
+            raise ValueError(f"`messages[{i}].content` must be a string or a list of parts")
