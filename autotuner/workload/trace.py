@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autotuner.workload.spec import WorkloadError
 from autotuner.workload.request_spec import RequestSpec
+from autotuner.workload.spec import WorkloadError
 
 
 class TraceError(WorkloadError):

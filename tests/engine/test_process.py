@@ -107,7 +107,7 @@ def test_orphans_of_a_killed_tuner_are_reaped_and_only_those(sim_state: Path, tm
     tuner = subprocess.Popen([sys.executable, "-c", CRASHING_TUNER, *SIM, "--port", str(port)],
                              stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     # A live engine of THIS process (on other simulated GPUs) must survive the reaping.
-    mine, url = engine(tmp_path, registry, env={**os.environ, "AUTOTUNER_SIM_STATE_DIR": str(tmp_path / "other")})
+    mine, _ = engine(tmp_path, registry, env={**os.environ, "AUTOTUNER_SIM_STATE_DIR": str(tmp_path / "other")})
     try:
         assert tuner.stdout is not None
         orphan_pgid = int(tuner.stdout.readline())
