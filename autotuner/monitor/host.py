@@ -77,7 +77,8 @@ class HostMonitor(MemoryMonitor):
             try:
                 found.append((pid, int(proc.memory_info().rss)))
             except _GONE:
-                del self._procs[pid]  # exited since the last walk; its memory is gone with it
+                # Exited since the last walk. pop, not del: processes() may re-walk from another thread.
+                self._procs.pop(pid, None)
         return found
 
     def _walk(self) -> None:

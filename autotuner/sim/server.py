@@ -81,10 +81,12 @@ class SimEngine:
         """Simulated time now: the engine's clock, never behind the wall clock."""
         return max(self._vnow, (time.perf_counter() - self._wall0) * self.speedup)
 
-    def submit(self, prompt: list[int], max_tokens: int, ignore_eos: bool) -> Stream:
+    def submit(self, prompt: list[int], max_tokens: int, ignore_eos: bool, arrival: float | None = None) -> Stream:
+        """`arrival`: when the request reached the server (simulated seconds), stamped before parsing and
+        tokenising, which cost wall time the simulated hardware would not spend."""
         if self.dead:
             raise RuntimeError(ENGINE_DEAD)
-        now = self.vclock()
+        now = self.vclock() if arrival is None else arrival
         stop_at = max_tokens if ignore_eos else min(max_tokens, tokens.natural_output_len(prompt, 0))
         request_id = uuid.uuid4().hex
         sim = SimRequest(request_id, prompt, max_tokens, now, stop_at)
@@ -295,6 +297,7 @@ def build_app(config: EngineConfig, engine: SimEngine, started: float) -> Starle
         return await generate(request, chat=True)
 
     async def generate(request: Request, chat: bool) -> Response:
+        arrival = engine.vclock()
         if (denied := check_auth(request)) is not None:
             return denied
         try:
@@ -313,7 +316,7 @@ def build_app(config: EngineConfig, engine: SimEngine, started: float) -> Starle
             max_tokens = min(requested, max_len - len(ids))  # vLLM clamps silently
             if engine.dead:
                 raise ApiError(500, ENGINE_DEAD, "InternalServerError")
-            stream = engine.submit(ids, max_tokens, bool(body.get("ignore_eos", False)))
+            stream = engine.submit(ids, max_tokens, bool(body.get("ignore_eos", False)), arrival)
         except ApiError as exc:
             return exc.response()
         options = body.get("stream_options")

@@ -29,9 +29,13 @@ OUTPUT_WORDS = (
 
 def encode(text: str, vocab_size: int) -> list[int]:
     ids: list[int] = []
+    crc = zlib.crc32
     for word in _WORD.findall(text):
+        if len(word) <= PIECE_CHARS:  # the common case: one piece
+            ids.append(crc(word.encode()) % vocab_size)
+            continue
         for i in range(0, len(word), PIECE_CHARS):
-            ids.append(zlib.crc32(word[i : i + PIECE_CHARS].encode()) % vocab_size)
+            ids.append(crc(word[i : i + PIECE_CHARS].encode()) % vocab_size)
     return ids
 
 

@@ -5,7 +5,8 @@ SentencePiece tokenizer a space-separated word is tokenized on its own (pre-toke
 spaces), so a prompt's count is additive: cost(anchor) + Σ cost(word). Each word costs at least one
 token, so if the whole pool costs exactly as many tokens as it has words, every word costs one: the
 usual case needs two `/tokenize` calls. Otherwise the pool is halved recursively (group testing) down
-to the words that cost more, a few more calls. The builder then verifies a sample of finished prompts.
+to the one-token words, until enough of them are known: a few more calls. The builder then verifies
+a sample of finished prompts.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ WORD_POOL = (
     "turn", "walk", "word", "work",
 )  # fmt: skip
 CHARS_PER_TOKEN = 4  # the fallback estimate when the server has no /tokenize
+ENOUGH_UNIT_WORDS = 32  # one-token words to stop searching at (fillers and unique markers)
 FALLBACK_CHAT_OVERHEAD = 12  # tokens of a typical chat template around one user message (est.)
 
 
-class TokenizeUnavailable(Exception):
+class TokenizeUnavailableError(Exception):
     """The server has no /tokenize endpoint (HTTP 404 from the router, not a wrong model)."""
 
 
-class TokenizeFailed(Exception):
+class TokenizeError(Exception):
     """/tokenize answered with an error other than a missing endpoint."""
 
 
@@ -62,15 +64,15 @@ class TokenCounter:
         try:
             resp = await self._http.post(self._url, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
-            raise TokenizeFailed(f"POST {self._url}: {type(exc).__name__}: {exc}") from None
+            raise TokenizeError(f"POST {self._url}: {type(exc).__name__}: {exc}") from None
         if resp.status_code == 404 and "does not exist" not in resp.text:
-            raise TokenizeUnavailable(f"POST {self._url} → 404")
+            raise TokenizeUnavailableError(f"POST {self._url} → 404")
         if resp.status_code >= 400:
-            raise TokenizeFailed(f"POST {self._url} → HTTP {resp.status_code}: {resp.text[:300]}")
+            raise TokenizeError(f"POST {self._url} → HTTP {resp.status_code}: {resp.text[:300]}")
         try:
             count = resp.json()["count"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise TokenizeFailed(f"POST {self._url}: no `count` in {resp.text[:200]!r}") from None
+            raise TokenizeError(f"POST {self._url}: no `count` in {resp.text[:200]!r}") from None
         return int(count)
 
 
@@ -99,7 +101,7 @@ def estimated_calibration(chat: bool) -> Calibration:
 
 
 async def calibrate(counter: TokenCounter, chat: bool) -> Calibration:
-    """Raises TokenizeUnavailable when the server has no /tokenize (the caller falls back)."""
+    """Raises TokenizeUnavailableError when the server has no /tokenize (the caller falls back)."""
     base = await counter.count_text(ANCHOR)
     costs: dict[str, int] = {}
 
@@ -107,13 +109,15 @@ async def calibrate(counter: TokenCounter, chat: bool) -> Calibration:
         return await counter.count_text(ANCHOR + " " + " ".join(words)) - base
 
     async def resolve(words: tuple[str, ...], cost: int) -> None:
+        if cost == len(words):
+            costs.update(dict.fromkeys(words, 1))
+            return
         if len(words) == 1:
             if cost >= 1:  # a word that costs nothing breaks additivity: leave it out
                 costs[words[0]] = cost
             return
-        if cost == len(words):
-            costs.update(dict.fromkeys(words, 1))
-            return
+        if sum(c == 1 for c in costs.values()) >= ENOUGH_UNIT_WORDS:
+            return  # prompts are built from one-token words only: the other costs are not needed
         half = len(words) // 2
         left = await group_cost(words[:half])
         # The right half's cost follows from additivity: one call per split, not two.

@@ -22,7 +22,7 @@ from autotuner.workload.calibration import (
     ANCHOR,
     Calibration,
     TokenCounter,
-    TokenizeUnavailable,
+    TokenizeUnavailableError,
     calibrate,
     estimated_calibration,
 )
@@ -119,7 +119,7 @@ def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration
 async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: str, model: str,
                          api_key: str | None = None) -> RequestSet:
     """Raises TraceError (a ValueError) for a bad trace; tokenizer trouble other than a missing
-    endpoint surfaces as `calibration.TokenizeFailed`."""
+    endpoint surfaces as `calibration.TokenizeError`."""
     if isinstance(spec.requests, TraceRequests):
         reqs = load_trace(spec.requests.path, require_arrival=spec.arrivals.kind == "trace")
         return RequestSet(reqs, min(spec.warmup_requests, len(reqs)))
@@ -129,7 +129,7 @@ async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: 
     warnings: list[str] = []
     try:
         cal = await calibrate(counter, chat)
-    except TokenizeUnavailable:
+    except TokenizeUnavailableError:
         cal = estimated_calibration(chat)
         warnings.append(f"{base_url} has no /tokenize: prompt lengths are estimated at "
                         "~4 characters per token and may be off by a good margin")
@@ -165,17 +165,24 @@ async def _verify(reqs: list[RequestSpec], counter: TokenCounter,
 
     async def fix(req: RequestSpec) -> RequestSpec:
         async with gate:
+            target = req.target_prompt_tokens or 0
+            n = await _count(counter, req)
+            best = (abs(target - n), req)
             for _ in range(FIXUP_ROUNDS):
-                diff = (req.target_prompt_tokens or 0) - await _count(counter, req)
-                if diff == 0:
+                if n == target:
                     break
-                req = _resize(req, diff)
-            return req
+                req = _resize(req, target - n)
+                n = await _count(counter, req)
+                # A word that crosses a merge boundary can make the steps oscillate: keep the closest.
+                best = min(best, (abs(target - n), req), key=lambda b: b[0])
+            return best[1], best[0] == 0
 
     fixed = await asyncio.gather(*(fix(r) for r in reqs))
+    missed = sum(not exact for _, exact in fixed)
     note = (f"prompt token counts were not additive (target→measured: {off[:3]}); every prompt was "
-            f"measured and adjusted with /tokenize ({counter.calls} calls in all)")
-    return list(fixed), note
+            f"measured and adjusted with /tokenize ({counter.calls} calls in all)"
+            + (f"; {missed} still off their target" if missed else ""))
+    return [r for r, _ in fixed], note
 
 
 def _resize(req: RequestSpec, delta_words: int) -> RequestSpec:
