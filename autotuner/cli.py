@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from autotuner import __version__
@@ -37,6 +39,119 @@ def sim_evaluate(ctx: typer.Context) -> None:
     from autotuner.sim.cli import run_evaluate
 
     raise typer.Exit(run_evaluate(ctx.args))
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    """Bad input: one clear message, exit code 2, nothing written."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def measure(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: a vLLM long option without dashes; "
+                                   "true/false for booleans (repeatable)"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the result as one JSON object"),
+    log_dir: Path | None = typer.Option(None, help="where engine logs go (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Measure one configuration: start the engine, replay the workload, watch memory, stop, report."""
+    import asyncio
+    import signal
+
+    from autotuner.engine.launch import parse_set
+    from autotuner.engine.registry import autotuner_home
+    from autotuner.errors import UserInputError
+    from autotuner.scenario import load_scenario
+    from autotuner.trial_view import print_trial
+    from autotuner.tuner.trial import GpusBusyError
+    from autotuner.tuner.trial import measure as measure_trial
+
+    configure_logging()
+    try:
+        sc = load_scenario(scenario)
+        overrides = parse_set(set_)
+        if json_out is not None and not json_out.parent.is_dir():
+            raise UserInputError(f"--json {json_out}: directory {json_out.parent} does not exist")
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    logs = log_dir or autotuner_home() / "logs" / sc.name
+
+    async def main() -> object:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+        return await measure_trial(sc, overrides, log_dir=logs,
+                                   on_phase=lambda p: typer.echo(f"[{p}]", err=True))
+
+    try:
+        result = asyncio.run(main())
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
+    except asyncio.CancelledError:
+        typer.echo("interrupted: the engine was stopped", err=True)
+        raise typer.Exit(130) from None
+    print_trial(result)  # type: ignore[arg-type]
+    if json_out is not None:
+        write_json_atomic(json_out, result.to_dict())  # type: ignore[attr-defined]
+
+
+@app.command()
+def verify(
+    base_url: str = typer.Option(..., "--base-url", help="the endpoint, e.g. http://127.0.0.1:8000"),
+    model: str | None = typer.Option(None, help="served model name (default: the only one served)"),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="variable holding the API key"),
+    scenario: Path | None = typer.Option(None, "--scenario", help="use this scenario's workload"),
+) -> None:
+    """Check a running endpoint with concurrent long prompts; exit 0 when every request succeeded."""
+    from autotuner.errors import UserInputError
+    from autotuner.scenario import load_scenario
+    from autotuner.verify import run_verify
+
+    configure_logging()
+    try:
+        sc = load_scenario(scenario) if scenario is not None else None
+        verdict = run_verify(base_url, model, api_key_env, sc)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    m = verdict.metrics
+    if m:
+        typer.echo(f"model {verdict.model}: {m.get('completed')} ok, {m.get('failed')} failed; "
+                   f"TTFT p50 {_s(m.get('ttft_p50_s'))}, p95 {_s(m.get('ttft_p95_s'))}; "
+                   f"output {_n(m.get('output_tokens_per_s'))} tok/s")
+    if verdict.memory is not None:
+        peaks = ", ".join(f"GPU {d.index} {p / 2**30:.2f} GiB" for d, p in
+                          zip(verdict.memory.devices, verdict.memory.peak_bytes, strict=True))
+        typer.echo(f"memory peak during the check: {peaks}")
+    for problem in verdict.problems:
+        typer.echo(f"problem: {problem}", err=True)
+    raise typer.Exit(0 if verdict.ok else 1)
+
+
+def _s(value: object) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def _n(value: object) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    import json
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def configure_logging() -> None:
+    from autotuner.logs import configure
+
+    configure()
 
 
 @app.command()

@@ -52,7 +52,7 @@ class _Model(BaseModel):
 class SimSettings(_Model):
     gpu: str = "rtx-3090"
     gpus: int | None = Field(default=None, ge=1)
-    speedup: float = Field(default=30.0, gt=0)
+    speedup: float = Field(default=10.0, gt=0)
     seed: int = 0
 
 

@@ -47,6 +47,7 @@ class EngineProcess:
         self._started_at = 0.0
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._stop_offset: int | None = None
 
     @property
     def pid(self) -> int:
@@ -76,31 +77,39 @@ class EngineProcess:
         """Tail the log file into memory and the classifier until the engine is gone and read out."""
         with open(self.log_path, "rb") as log:
             pending = b""
+            offset = 0  # file offset where `pending` starts
             while True:
                 chunk = log.read(65536)
                 if chunk:
                     pending += chunk
                     *complete, pending = pending.split(b"\n")
                     for raw in complete:
-                        self._take(raw.decode("utf-8", "replace"))
+                        offset += len(raw) + 1
+                        self._take(raw.decode("utf-8", "replace"), offset)
                     continue
                 if self._closed.is_set():
                     break
                 time.sleep(0.05)
             if pending:
-                self._take(pending.decode("utf-8", "replace"))
+                self._take(pending.decode("utf-8", "replace"), offset + len(pending))
 
-    def _take(self, line: str) -> None:
+    def _take(self, line: str, end_offset: int) -> None:
         with self._lock:
             self.tail.append(line)
+            # What the engine wrote after we asked it to stop is shutdown noise, not a failure.
+            self.facts.stopping = self._stop_offset is not None and end_offset > self._stop_offset
             self.facts.feed(line, self.ready)
         if self._on_line is not None:
             self._on_line(line)
 
     def mark_stopping(self) -> None:
         with self._lock:
-            self.stopping = True
-            self.facts.stopping = True
+            if not self.stopping:
+                self.stopping = True
+                try:
+                    self._stop_offset = self.log_path.stat().st_size
+                except OSError:
+                    self._stop_offset = 0
 
     async def wait_ready(self, base_url: str, served_name: str, timeout_s: float,
                          headers: Mapping[str, str] | None = None) -> str | None:

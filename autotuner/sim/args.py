@@ -18,8 +18,9 @@ from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
 from autotuner.sim.models import ModelSpec, load_model
 
 VLLM_VERSION = "0.32.0"
-# Chosen so the quickstart's trials take seconds: a 60 s engine start becomes 2 s.
-DEFAULT_SPEEDUP = 30.0
+# Fast enough that a trial takes seconds, slow enough that the server keeps pace with its scaled
+# clock on 2 cores (benchmarks/sim_timing_fidelity.py; at 30 the wall overhead per step shows).
+DEFAULT_SPEEDUP = 10.0
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
 # Real vLLM flags the simulator accepts and ignores, so that configs written for vLLM run unchanged.

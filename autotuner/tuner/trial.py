@@ -26,6 +26,8 @@ from autotuner.errors import InfrastructureError, UserInputError
 from autotuner.monitor import MemoryMonitor, MemorySummary, Sampler, Threshold, ThresholdEvent, open_monitor
 from autotuner.monitor.checks import busy_devices, wait_for_release
 from autotuner.scenario import FlagValue, Scenario
+from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
+from autotuner.sim.hardware import load_gpu
 from autotuner.workload import prometheus
 from autotuner.workload.client import StreamingClient, http_client
 from autotuner.workload.replay import Replayer
@@ -79,9 +81,24 @@ def threshold_of(scenario: Scenario) -> Threshold:
 
 def monitor_for(scenario: Scenario, root_pid: Callable[[], int | None] | None = None) -> MemoryMonitor:
     kind = scenario.monitor.kind
-    if kind == "auto" and scenario.engine.kind == "sim":
-        kind = "sim"
+    if scenario.engine.kind == "sim":
+        ensure_sim_gpus(scenario)
+        kind = "sim" if kind == "auto" else kind
     return open_monitor(kind, scenario.engine.gpus, root_pid=root_pid)
+
+
+def ensure_sim_gpus(scenario: Scenario) -> None:
+    """The simulated box exists before its first engine starts, so it can be watched (and checked for
+    busy GPUs) like a real one."""
+    sim = scenario.engine.sim
+    gpu = load_gpu(str(scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu)
+    count = sim.gpus or int(scenario.engine.flags.get("tensor-parallel-size", 1))  # type: ignore[arg-type]
+    state = state_dir_from_env()
+    host = GpuHost(state)
+    try:
+        host.ensure_inventory(make_gpus(state, gpu.product_name, gpu.memory_bytes, count))
+    except GpuInventoryConflict as exc:
+        raise GpusBusyError(f"simulated GPUs in {state}: {exc}") from None
 
 
 class _Engine:
@@ -111,14 +128,26 @@ async def measure(
     holder = _Engine()
     monitor = monitor_for(scenario, holder.pid)
     try:
-        registry.reap_orphans()
+        reaped = registry.reap_orphans()
+        if reaped:
+            log.warning("engine.orphans_stopped", process_groups=reaped)
         if scenario.monitor.kind != "host":
-            busy = busy_devices(monitor)
+            busy = await _wait_not_busy(monitor, scenario.engine.release_timeout_s if reaped else 0.0)
             if busy:
                 raise GpusBusyError(_busy_message(monitor, busy))
         return await _run(scenario, plan, monitor, holder, registry, log_dir, phase)
     finally:
         monitor.close()
+
+
+async def _wait_not_busy(monitor: MemoryMonitor, timeout_s: float) -> dict[int, list[tuple[int, int]]]:
+    """Busy devices, after waiting up to `timeout_s` for memory of just-stopped engines to go."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = busy_devices(monitor)
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        await asyncio.sleep(0.1)
 
 
 def _busy_message(monitor: MemoryMonitor, busy: dict[int, list[tuple[int, int]]]) -> str:

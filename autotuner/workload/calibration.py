@@ -33,6 +33,7 @@ WORD_POOL = (
 CHARS_PER_TOKEN = 4  # the fallback estimate when the server has no /tokenize
 ENOUGH_UNIT_WORDS = 32  # one-token words to stop searching at (fillers and unique markers)
 FALLBACK_CHAT_OVERHEAD = 12  # tokens of a typical chat template around one user message (est.)
+TOKENIZE_TIMEOUT_S = 30.0  # a replay's client has no read timeout; calibration must not hang on it
 
 
 class TokenizeUnavailableError(Exception):
@@ -62,7 +63,7 @@ class TokenCounter:
     async def _count(self, body: dict[str, Any]) -> int:
         self.calls += 1
         try:
-            resp = await self._http.post(self._url, json=body, headers=self._headers)
+            resp = await self._http.post(self._url, json=body, headers=self._headers, timeout=TOKENIZE_TIMEOUT_S)
         except httpx.HTTPError as exc:
             raise TokenizeError(f"POST {self._url}: {type(exc).__name__}: {exc}") from None
         if resp.status_code == 404 and "does not exist" not in resp.text:

@@ -151,11 +151,14 @@ async def test_request_cap_and_duration_cap() -> None:
     assert result.duration_s > 0.25
 
 
-async def test_cancelling_a_replay_records_in_flight_requests_as_cancelled() -> None:
+@pytest.mark.parametrize("arrivals", [
+    Arrivals("concurrency", concurrency=3), Arrivals("burst", burst_size=3, burst_interval_s=100.0),
+])  # fmt: skip
+async def test_cancelling_a_replay_records_in_flight_requests_as_cancelled(arrivals: Arrivals) -> None:
     rec = Recorder(lambda _: sse_response(simple_stream(3, gap_s=5.0, first_s=0.01)))
     async with rec.client() as http:
         client = StreamingClient(http, "http://e", "m")
-        replayer = Replayer(spec(Arrivals("concurrency", concurrency=3)), reqs(10), client)
+        replayer = Replayer(spec(arrivals), reqs(10), client)
         task = asyncio.ensure_future(replayer.run())
         await asyncio.sleep(0.2)
         t0 = time.perf_counter()

@@ -20,7 +20,8 @@ SEED = [MODEL, "-tp", "8", "--max-model-len", "8192", "--sim-speedup", "100"]
 def long_prompts(count: int, api: str = "completions", speedup: float = 100, **kw: object) -> WorkloadSpec:
     syn = SyntheticRequests(count, LengthDist("uniform", low=2000, high=7000), LengthDist("fixed", value=48),
                             api=api)  # type: ignore[arg-type]
-    return WorkloadSpec(syn, Arrivals("concurrency", concurrency=8, time_scale=speedup), seed=11, **kw)  # type: ignore[arg-type]
+    arrivals = Arrivals("concurrency", concurrency=8, time_scale=speedup)
+    return WorkloadSpec(syn, arrivals, seed=11, **kw)  # type: ignore[arg-type]
 
 
 async def test_eight_concurrent_long_prompts_land_on_their_token_counts(sim_server) -> None:
@@ -70,14 +71,13 @@ async def test_measured_ttft_matches_what_the_engine_scheduled(sim_server) -> No
         scheduled = engine[r.request_id.removeprefix("cmpl-")]
         scheduled_ttft = scheduled["first_token_s"] - scheduled["arrival_s"]
         assert scheduled_ttft > 0.3  # a 4000-token prefill: long enough to compare
-        # What the client sees also holds the HTTP round trip and the server's parsing and
-        # tokenizing of the prompt before the engine's clock starts: a few ms of wall time.
+        # What the client sees also holds the HTTP round trip and the server's event loop: the
+        # simulator stamps arrival before parsing, so only a few ms of wall time.
         gaps.append(r.ttft_s - scheduled_ttft / speedup)
-        assert -0.002 < gaps[-1] < 0.03, (r.ttft_s * speedup, scheduled_ttft)
+        assert -0.002 < gaps[-1] < 0.02, (r.ttft_s * speedup, scheduled_ttft)
         scheduled_decode = scheduled["finished_s"] - scheduled["first_token_s"]
         assert abs(sum(r.itl_s) - scheduled_decode / speedup) < 0.03
-    print("ttft gaps (wall s):", [round(g, 4) for g in gaps])
-    assert statistics.median(gaps) < 0.015
+    assert statistics.median(gaps) < 0.008  # ~2 ms seen on a 2-CPU box
 
 
 async def test_auth_and_model_errors_are_failed_results(sim_server) -> None:

@@ -1,0 +1,5 @@
+"""`python -m autotuner`: the same as the `autotuner` command."""
+
+from autotuner.cli import main
+
+main()

@@ -1,0 +1,164 @@
+"""`autotuner verify`: check an endpoint that is already running (directly or through a gateway) with
+the seed's verification — concurrent long prompts — and say what is wrong in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from autotuner.errors import UserInputError
+from autotuner.monitor import MemorySummary, Sampler
+from autotuner.monitor.base import MemoryMonitor, MonitorConfigError
+from autotuner.monitor.factory import open_monitor
+from autotuner.scenario import Scenario, WorkloadSettings
+from autotuner.workload.client import RequestResult, StreamingClient, http_client
+from autotuner.workload.replay import replay
+from autotuner.workload.requests import build_requests
+from autotuner.workload.summary import summarize
+
+# The seed's check: 8 concurrent prompts of several thousand tokens.
+SEED_CHECK = WorkloadSettings.model_validate({
+    "requests": {"count": 8, "prompt_tokens": {"kind": "uniform", "low": 3000, "high": 6000},
+                 "output_tokens": 64},
+    "arrivals": {"kind": "concurrency", "concurrency": 8},
+    "warmup_requests": 0,
+    "request_timeout_s": 300,
+})
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    metrics: dict[str, float | int | None] = field(default_factory=dict)
+    memory: MemorySummary | None = None
+    model: str | None = None
+
+
+def _check_url(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserInputError(f"--base-url {base_url!r}: expected http(s)://HOST[:PORT], e.g. http://127.0.0.1:8000")
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def _unreachable(base_url: str, exc: Exception) -> str:
+    host = urlsplit(base_url).hostname or ""
+    hint = ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        hint = (" Inside a container, 127.0.0.1 is the container itself: use the service name or "
+                "host.docker.internal, and make vLLM listen on 0.0.0.0 (--host).")
+    if isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
+        return f"cannot reach {base_url}: connection refused — nothing listens there. Is the server " \
+               f"running, and are host and port right?{hint}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"cannot reach {base_url}: timed out connecting — a firewall, a wrong host, or a server " \
+               "still starting."
+    return f"cannot reach {base_url}: {type(exc).__name__}: {exc}.{hint}"
+
+
+async def _models(http: httpx.AsyncClient, base_url: str, headers: dict[str, str], key_env: str | None,
+                  problems: list[str]) -> list[str] | None:
+    try:
+        r = await http.get(base_url + "/v1/models", headers=headers, timeout=15)
+    except httpx.HTTPError as exc:
+        problems.append(_unreachable(base_url, exc))
+        return None
+    if r.status_code == 401:
+        if headers:
+            problems.append(f"401 Unauthorized: the server rejected the API key from ${key_env}. Check that it "
+                            "matches the server's --api-key (or the gateway's key).")
+        else:
+            hint = f"${key_env} is not set" if key_env else "no key was given"
+            problems.append(f"401 Unauthorized: the server needs an API key and {hint}. Put the key in an "
+                            "environment variable and pass its name with --api-key-env.")
+        return None
+    if r.status_code != 200:
+        problems.append(f"GET /v1/models answered HTTP {r.status_code}: {r.text[:200]}")
+        return None
+    try:
+        data = r.json().get("data", [])
+        return [str(m["id"]) for m in data]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        problems.append("GET /v1/models did not answer an OpenAI model list: is this an OpenAI-compatible "
+                        "server (or a gateway route to one)?")
+        return None
+
+
+def _explain(results: list[RequestResult], model: str, served: list[str], key_env: str | None) -> list[str]:
+    problems: list[str] = []
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return problems
+    first = failed[0]
+    error = first.error or "unknown error"
+    if first.status == 404:
+        problems.append(f"404: the server does not serve a model named {model!r}; it serves "
+                        f"{', '.join(served) or 'nothing'}. Pass --model with one of those.")
+    elif first.status == 401:
+        problems.append(f"401 Unauthorized on completions: check ${key_env or 'the API key variable'}.")
+    elif "choices" in error:
+        problems.append("responses came back without `choices`: the endpoint (or a gateway in front of it) "
+                        f"does not speak the OpenAI completions format. First error: {error}")
+    elif "timed out" in error.lower() or "timeout" in error.lower():
+        problems.append(f"requests timed out: the server is overloaded or stuck. First error: {error}")
+    else:
+        problems.append(f"{len(failed)} of {len(results)} requests failed. First error: {error}")
+    return problems
+
+
+async def verify(base_url: str, model: str | None, key_env: str | None, scenario: Scenario | None,
+                 monitor: MemoryMonitor | None) -> Verdict:
+    base_url = _check_url(base_url)
+    key = os.environ.get(key_env) if key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    problems: list[str] = []
+    workload = scenario.workload if scenario is not None else SEED_CHECK
+    async with http_client() as http:
+        served = await _models(http, base_url, headers, key_env, problems)
+        if served is None:
+            return Verdict(False, problems)
+        if model is None:
+            if len(served) != 1:
+                return Verdict(False, [f"the server serves {', '.join(served) or 'no model'}; pick one with --model"])
+            model = served[0]
+        elif model not in served:
+            return Verdict(False, [f"the server does not serve a model named {model!r}; it serves "
+                                   f"{', '.join(served)}. Pass --model with one of those."], model=model)
+        spec = workload.to_spec(scenario.source.parent if scenario and scenario.source else None)
+        request_set = await build_requests(spec, http, base_url, model, key)
+        client = StreamingClient(http, base_url, model, key, ignore_eos=spec.ignore_eos,
+                                 timeout_s=spec.request_timeout_s)
+        sampler = Sampler(monitor, hz=100) if monitor is not None else None
+        if sampler is not None:
+            sampler.start()
+        try:
+            result = await replay(spec, request_set.requests, client)
+        finally:
+            memory = sampler.stop() if sampler is not None else None
+    problems += request_set.warnings
+    problems += _explain(result.results, model, served, key_env)
+    ok = all(r.ok for r in result.results) and bool(result.results)
+    return Verdict(ok, problems, summarize(result.results, result.duration_s), memory, model)
+
+
+def local_monitor() -> MemoryMonitor | None:
+    """Real NVML when this machine has GPUs; nothing otherwise (verify then skips memory)."""
+    try:
+        return open_monitor("nvml", None)
+    except MonitorConfigError:
+        return None
+
+
+def run_verify(base_url: str, model: str | None, key_env: str | None, scenario: Scenario | None) -> Verdict:
+    monitor = local_monitor()
+    try:
+        return asyncio.run(verify(base_url, model, key_env, scenario, monitor))
+    finally:
+        if monitor is not None:
+            monitor.close()
