@@ -47,13 +47,23 @@ def _check_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
+def _refused(exc: BaseException) -> bool:
+    """httpx hides the errno ("All connection attempts failed"): look down the exception chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _unreachable(base_url: str, exc: Exception) -> str:
     host = urlsplit(base_url).hostname or ""
     hint = ""
     if host in ("127.0.0.1", "localhost", "::1"):
         hint = (" Inside a container, 127.0.0.1 is the container itself: use the service name or "
                 "host.docker.internal, and make vLLM listen on 0.0.0.0 (--host).")
-    if isinstance(exc, httpx.ConnectError) and "refused" in str(exc).lower():
+    if isinstance(exc, httpx.ConnectError) and _refused(exc):
         return f"cannot reach {base_url}: connection refused — nothing listens there. Is the server " \
                f"running, and are host and port right?{hint}"
     if isinstance(exc, httpx.TimeoutException):

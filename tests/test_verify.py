@@ -1,0 +1,58 @@
+"""`autotuner verify` against the simulator as a real server: a healthy endpoint, and each way an
+endpoint can be wrong, told in words a user can act on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import free_port
+
+SIM = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192", "--sim-speedup", "50",
+       "--gpu-memory-utilization", "0.8", "--max-num-batched-tokens", "1024"]
+
+
+def verify(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotuner", "verify", *args], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **(env or {})})
+
+
+def test_healthy_endpoint_passes(sim_server) -> None:
+    server = sim_server.start([*SIM, "--served-model-name", "m13"])
+    done = verify("--base-url", server.url)
+    assert done.returncode == 0, done.stderr
+    assert "model m13: 8 ok, 0 failed" in done.stdout
+    assert "TTFT p50" in done.stdout
+
+
+def test_unreachable_upstream(sim_state) -> None:
+    done = verify("--base-url", f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == 1
+    assert "connection refused" in done.stderr and "Is the server running" in done.stderr
+    assert "Inside a container, 127.0.0.1 is the container itself" in done.stderr
+
+
+def test_missing_and_wrong_api_key(sim_server) -> None:
+    server = sim_server.start([*SIM, "--api-key", "right-key"])
+    done = verify("--base-url", server.url, "--api-key-env", "MY_KEY", env={"MY_KEY": ""})
+    assert done.returncode == 1
+    assert "401 Unauthorized" in done.stderr and "$MY_KEY is not set" in done.stderr
+    done = verify("--base-url", server.url, "--api-key-env", "MY_KEY", env={"MY_KEY": "wrong"})
+    assert done.returncode == 1 and "rejected the API key from $MY_KEY" in done.stderr
+    assert "right-key" not in done.stdout + done.stderr and "wrong" not in done.stdout + done.stderr
+    done = verify("--base-url", server.url + "/v1", "--api-key-env", "MY_KEY", env={"MY_KEY": "right-key"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_wrong_model_name_lists_served_names(sim_server) -> None:
+    server = sim_server.start([*SIM, "--served-model-name", "alpha", "beta"])
+    done = verify("--base-url", server.url, "--model", "gamma")
+    assert done.returncode == 1
+    assert "does not serve a model named 'gamma'; it serves alpha, beta" in done.stderr
+
+
+def test_bad_url_is_bad_input() -> None:
+    done = verify("--base-url", "localhost:8000")
+    assert done.returncode == 2
+    assert "expected http(s)://HOST[:PORT]" in done.stderr

