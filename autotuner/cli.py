@@ -129,6 +129,77 @@ def verify(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
+@app.command()
+def tune(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    trials: int | None = typer.Option(None, "--trials", help="study-wide number of completed trials"),
+    timeout: str | None = typer.Option(None, "--timeout", help="wall-clock budget of this run, e.g. 8h"),
+    storage: str | None = typer.Option(None, "--storage", help="SQLite path or SQLAlchemy URL"),
+    study: str | None = typer.Option(None, "--study", help="study name (default: derived from its key)"),
+    seed: int = typer.Option(0, "--seed", help="sampler seed"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite."""
+    import asyncio
+    import signal
+    import sys
+
+    from autotuner.engine.registry import autotuner_home
+    from autotuner.errors import UserInputError
+    from autotuner.scenario import load_scenario
+    from autotuner.store.db import Store
+    from autotuner.tuner.progress import LiveView
+    from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+    from autotuner.tuner.study import Tuner, parse_duration
+    from autotuner.tuner.trial import GpusBusyError
+
+    configure_logging()
+    try:
+        sc = load_scenario(scenario)
+        if trials is not None and trials < 1:
+            raise UserInputError("--trials must be ≥ 1")
+        timeout_s = parse_duration(timeout) if timeout is not None else None
+        store = Store(storage or sc.storage)
+        logs = log_dir or autotuner_home() / "logs" / sc.name
+        runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
+        view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None
+        tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
+                      on_event=view)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+    async def main() -> object:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, tuner.request_stop)
+        return await tuner.run()
+
+    try:
+        if view is not None:
+            with view:
+                summary = asyncio.run(main())
+        else:
+            summary = asyncio.run(main())
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
+    _print_summary(summary)
+
+
+def _print_summary(summary: object) -> None:
+    s = summary  # TuneSummary
+    state = "interrupted" if s.interrupted else "done"  # type: ignore[attr-defined]
+    typer.echo(f"study {s.study_name}: {state}, {s.trials_done}/{s.trials_budget} trials, "  # type: ignore[attr-defined]
+               f"{s.oom_trials} hit OOM, sampler {s.sampler}")  # type: ignore[attr-defined]
+    if s.baseline is not None:  # type: ignore[attr-defined]
+        typer.echo(f"baseline (vLLM defaults): trial {s.baseline['number']}, {s.baseline['outcome']}")  # type: ignore[attr-defined]
+    for best in s.best[:10]:  # type: ignore[attr-defined]
+        values = ", ".join(f"{v:.4g}" for v in best["values"])
+        params = " ".join(f"{k}={v}" for k, v in best["params"].items())
+        typer.echo(f"pareto: trial {best['number']}: [{values}] {params}")
+    typer.echo(f"next: autotuner export --study {s.study_name} --format yaml   |   "  # type: ignore[attr-defined]
+               f"autotuner report --study {s.study_name} -o report/")  # type: ignore[attr-defined]
+
+
 def _s(value: object) -> str:
     return "-" if value is None else f"{value:.3f} s"
 

@@ -55,6 +55,10 @@ class EngineProcess:
         return self._proc.pid
 
     @property
+    def pid_or_none(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 

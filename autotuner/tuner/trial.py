@@ -108,7 +108,7 @@ class _Engine:
         self.process: EngineProcess | None = None
 
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return None if self.process is None else self.process.pid_or_none
 
 
 async def measure(

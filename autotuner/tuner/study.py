@@ -1,0 +1,369 @@
+"""The study loop: ask a candidate, check vLLM's flag rules, run it through the TrialRunner, tell
+Optuna the objectives and the constraints, write everything to the database before the next trial.
+
+A plain object (`Tuner`) that a CLI command and, later, a daemon can run, stop and resume. Killing it
+at any moment loses at most the trial in flight: on the next run a stale RUNNING trial is failed and
+its parameters queued again, and the study continues to its study-wide budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import structlog
+from optuna.trial import TrialState
+
+from autotuner.engine import classify as oc
+from autotuner.errors import UserInputError
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.tuner.runner import TrialRunner
+from autotuner.tuner.space import Space, build_space, flag_violation
+from autotuner.tuner.trial import TrialResult
+
+log = structlog.get_logger(__name__)
+
+CONSTRAINT_KEYS = ("memory", "startup", "requests", "slo")
+# Beyond this share of failed requests a configuration is not deployable.
+MAX_FAILED_SHARE = 0.01
+# Stand-in for "as slow as it gets" when no trial was feasible yet (seconds).
+WORST_LATENCY_S = 600.0
+INTERRUPTED = "interrupted"
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class TuneSummary:
+    study_name: str
+    trials_done: int
+    trials_budget: int
+    oom_trials: int
+    interrupted: bool
+    best: list[dict[str, Any]] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    sampler: str = ""
+
+
+def study_name_for(scenario: Scenario, key_digest: str) -> str:
+    return f"{scenario.name}-{key_digest}"
+
+
+def make_sampler(seed: int, n_trials: int) -> tuple[optuna.samplers.BaseSampler, str]:
+    """Constrained multi-objective: GPSampler when its extra (torch, scipy) is installed, else TPE."""
+    startup = max(4, min(10, n_trials // 4))
+    try:
+        import scipy  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup,
+                                             constant_liar=True)
+        return sampler, f"TPESampler(multivariate, seed={seed}) — install autotuner[gp] for GPSampler"
+    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup), f"GPSampler(seed={seed})"
+
+
+def vllm_default_flags(space: Space, gpu_memory_gib: float, gpu_name: str) -> dict[str, FlagValue]:
+    """vLLM 0.32's defaults for the searched flags on this GPU (facts note §2)."""
+    if gpu_memory_gib >= 160:
+        budget = 16384
+    elif gpu_memory_gib >= 70 and "A100" not in gpu_name:
+        budget = 8192
+    else:
+        budget = 2048
+    defaults: dict[str, FlagValue] = {"max-num-batched-tokens": budget, "gpu-memory-utilization": 0.92,
+                                      "cpu-offload-gb": 0.0, "enable-chunked-prefill": True,
+                                      "enable-prefix-caching": True, "max-num-seqs": 256 if budget == 2048 else 1024}
+    return {k: v for k, v in defaults.items() if k in space.distributions}
+
+
+def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
+    """The same keys on every trial (GPSampler insists), continuous where measurable."""
+    threshold = scenario.oom_threshold.fraction or 0.97
+    peak = float(result.memory.get("peak_fraction") or 0.0)
+    out = dict.fromkeys(CONSTRAINT_KEYS, -1.0)
+    out["memory"] = peak - threshold
+    if result.outcome == oc.OOM_THRESHOLD:
+        out["memory"] = max(out["memory"], 1e-3)
+    elif result.outcome == oc.OOM_CRASH:
+        out["memory"] = max(out["memory"], 1.0 - threshold + 0.01)
+    elif result.outcome in (oc.STARTUP_FAILED, oc.INVALID_FLAGS, oc.TIMEOUT, oc.CRASH):
+        out["startup"] = 1.0
+        out["memory"] = min(out["memory"], 0.0)
+    m = result.metrics
+    if result.outcome == oc.OK:
+        total = (m.get("completed") or 0) + (m.get("failed") or 0)
+        failed_share = (m.get("failed") or 0) / total if total else 1.0
+        out["requests"] = failed_share - MAX_FAILED_SHARE
+        ratios = [(m.get(metric) or math.inf) / limit - 1.0 for metric, limit in scenario.slos.items()]
+        out["slo"] = min(max(ratios), 10.0) if ratios else -1.0
+    return out
+
+
+def feasible(constraints: dict[str, float]) -> bool:
+    return all(v <= 0 for v in constraints.values())
+
+
+class Tuner:
+    def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
+                 n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
+                 on_event: Event | None = None) -> None:
+        self.scenario = scenario
+        self.runner = runner
+        self.store = store
+        self.space = build_space(scenario)
+        self.key = runner.study_key()
+        self.study_name = study_name or study_name_for(scenario, self.key.digest())
+        self.n_trials = n_trials or scenario.budget.trials
+        self.timeout_s = timeout_s if timeout_s is not None else parse_duration(scenario.budget.timeout)
+        self.seed = seed
+        self.on_event = on_event or (lambda _k, _d: None)
+        self.objectives = [o.metric for o in scenario.objectives]
+        self.directions = [o.direction for o in scenario.objectives]
+        self._stop = asyncio.Event()
+        self._current: asyncio.Task[TrialResult] | None = None
+        self._lock_fd: int | None = None
+
+    # --- control -------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """SIGINT/SIGTERM: stop the engine of the trial in flight and end the run."""
+        self._stop.set()
+        if self._current is not None:
+            self._current.cancel()
+
+    # --- study setup ---------------------------------------------------------------------------------
+    def _open_study(self) -> tuple[optuna.Study, str]:
+        sampler, described = make_sampler(self.seed, self.n_trials)
+        storage = self.store.optuna_storage()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
+                                    directions=self.directions, load_if_exists=True)
+        stored = [d.name.lower() for d in study.directions]
+        if stored != self.directions:
+            raise UserInputError(f"study {self.study_name} was created with directions {stored}, the scenario "
+                                 f"asks for {self.directions}: use another --study name")
+        self.store.save_study(StudyRecord(self.study_name, self.scenario.name, self.key,
+                                          self.scenario.model_dump(mode="json"),
+                                          str(self.scenario.source) if self.scenario.source else None,
+                                          time.time()))
+        return study, described
+
+    def _lock(self) -> None:
+        """One tuner per SQLite study database (several boxes share a study through PostgreSQL)."""
+        if not self.store.is_sqlite:
+            return
+        path = Path(self.store.url.removeprefix("sqlite:///") + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise UserInputError(f"another autotuner (pid {other or '?'}) is tuning with {path.with_suffix('')}; "
+                                 "wait for it, or use another --storage") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _recover(self, study: optuna.Study) -> list[int]:
+        """Trials left RUNNING by a killed tuner: fail them and queue their parameters again."""
+        requeued = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.store.delete_trial(self.study_name, t.number)  # written just before the kill, never told
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            study._storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
+            waiting = [w.params for w in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+            if t.params not in waiting:
+                study.enqueue_trial(t.params, user_attrs={"kind": t.user_attrs.get("kind", "search"),
+                                                          "requeued_from": t.number})
+            requeued.append(t.number)
+        return requeued
+
+    def _seed_trials(self, study: optuna.Study) -> None:
+        """Trial 0 is the baseline (vLLM's defaults for this GPU), then the user's current config."""
+        kinds = {t.user_attrs.get("kind") for t in study.get_trials(deepcopy=False)}
+        if "baseline" not in kinds:
+            gpu_gib, gpu_name = self._gpu()
+            study.enqueue_trial(self.space.clamp(vllm_default_flags(self.space, gpu_gib, gpu_name)),
+                                user_attrs={"kind": "baseline"})
+        if self.scenario.current_config and "current" not in kinds:
+            study.enqueue_trial(self.space.clamp(self.scenario.current_config), user_attrs={"kind": "current"})
+
+    def _gpu(self) -> tuple[float, str]:
+        first = self.key.gpu_inventory[0] if self.key.gpu_inventory else ""
+        name, _, rest = first.partition(" (")
+        try:
+            gib = float(rest.split(" ")[0])
+        except ValueError:
+            gib = 24.0
+        return gib, name
+
+    # --- the loop ------------------------------------------------------------------------------------
+    async def run(self) -> TuneSummary:
+        self._lock()
+        try:
+            return await self._run()
+        finally:
+            self._unlock()
+
+    async def _run(self) -> TuneSummary:
+        study, sampler = self._open_study()
+        requeued = self._recover(study)
+        self._seed_trials(study)
+        log.info("tune.started", study=self.study_name, sampler=sampler, trials=self.n_trials,
+                 requeued=requeued, storage=self.store.url)
+        self.on_event("started", {"study": self.study_name, "sampler": sampler, "budget": self.n_trials,
+                                  "requeued": requeued})
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        interrupted = False
+        while not self._stop.is_set():
+            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            if done >= self.n_trials:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                log.info("tune.timeout", study=self.study_name)
+                break
+            interrupted = await self._one(study, done)
+        return self._summary(study, sampler, interrupted or self._stop.is_set())
+
+    async def _one(self, study: optuna.Study, done: int) -> bool:
+        trial = study.ask(self.space.distributions)
+        kind = str(trial.user_attrs.get("kind", "search"))
+        flags = self.space.to_flags(trial.params)
+        started = time.time()
+        self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
+                                "flags": flags, "kind": kind})
+        violation = flag_violation({**self.scenario.engine.flags, **flags})
+        if violation is not None:
+            result = TrialResult(oc.INVALID_FLAGS, violation, {**self.scenario.engine.flags, **flags}, [])
+        else:
+            try:
+                result = await self._measure(flags)
+            except asyncio.CancelledError:
+                self._record_interrupted(study, trial, kind, flags, started)
+                return True
+        self._tell(study, trial, kind, result, started)
+        return False
+
+    async def _measure(self, flags: dict[str, FlagValue]) -> TrialResult:
+        for attempt in (1, 2):
+            self._current = asyncio.ensure_future(self.runner.run(flags, self._phase))
+            try:
+                result = await self._current
+            finally:
+                self._current = None
+            if not result.infrastructure or attempt == 2:
+                return result
+            log.warning("trial.infrastructure_retry", reason=result.reason)
+        raise AssertionError("unreachable")
+
+    def _phase(self, phase: str) -> None:
+        self.on_event("phase", {"phase": phase})
+
+    def _placeholders(self, study: optuna.Study) -> list[float]:
+        """Worst feasible values so far: the sampler learns the wall without a fake optimum."""
+        feasible_values = [t.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                           if t.user_attrs.get("feasible")]
+        out = []
+        for i, direction in enumerate(self.directions):
+            seen = [v[i] for v in feasible_values]
+            if direction == "maximize":
+                out.append(min(seen) if seen else 0.0)
+            else:
+                out.append(max(seen) if seen else WORST_LATENCY_S)
+        return out
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, kind: str, result: TrialResult, started: float) -> None:
+        if result.infrastructure:
+            trial.set_user_attr("outcome", result.outcome)
+            trial.set_user_attr("reason", result.reason)
+            study.tell(trial, state=TrialState.FAIL)
+            self._save(trial.number, kind, result, "FAIL", started)
+            self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "state": "FAIL",
+                                       "reason": result.reason})
+            return
+        constraints = constraints_of(result, self.scenario)
+        ok = feasible(constraints)
+        values = [result.metrics.get(metric) for metric in self.objectives]
+        if not ok or any(v is None for v in values):
+            values = self._placeholders(study)
+            ok = False
+        for key, value in constraints.items():
+            trial.set_constraint(key, value)
+        attrs = {"kind": kind, "outcome": result.outcome, "reason": result.reason, "feasible": ok,
+                 "constraints": constraints, "peak_fraction": result.memory.get("peak_fraction"),
+                 **{f"metric:{k}": v for k, v in result.metrics.items() if isinstance(v, int | float)}}
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        # Ours first: if we die between the two writes, the resumed run finds the trial RUNNING, drops
+        # our row and measures the candidate again — nothing duplicated, at most this trial lost.
+        self._save(trial.number, kind, result, "COMPLETE", started)
+        study.tell(trial, values=[float(v) for v in values])  # type: ignore[arg-type]
+        log.info("trial.finished", study=self.study_name, number=trial.number, kind=kind, outcome=result.outcome,
+                 feasible=ok, flags=result.flags, reason=result.reason,
+                 **{m: result.metrics.get(m) for m in self.objectives},
+                 peak_fraction=result.memory.get("peak_fraction"))
+        self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "feasible": ok,
+                                   "values": values, "state": "COMPLETE", "reason": result.reason,
+                                   "flags": result.flags})
+
+    def _save(self, number: int, kind: str, result: TrialResult, state: str, started: float) -> None:
+        data = result.to_dict()
+        timeline = (data.get("memory") or {}).get("timeline") or []
+        self.store.save_trial(self.study_name, TrialRecord(
+            trial_number=number, kind=kind, outcome=result.outcome, reason=result.reason, state=state,
+            flags=result.flags, result=data, timeline=timeline, log_tail=result.log_tail,
+            started_at=started, finished_at=time.time()))
+
+    def _record_interrupted(self, study: optuna.Study, trial: optuna.Trial, kind: str,
+                            flags: dict[str, FlagValue], started: float) -> None:
+        trial.set_user_attr("kind", kind)
+        trial.set_user_attr("outcome", INTERRUPTED)
+        study.tell(trial, state=TrialState.FAIL)
+        # The interrupted candidate is measured again when the study resumes.
+        study.enqueue_trial(trial.params, user_attrs={"kind": kind, "requeued_from": trial.number})
+        result = TrialResult(INTERRUPTED, "the tuner was asked to stop", {**self.scenario.engine.flags, **flags}, [])
+        self._save(trial.number, kind, result, "FAIL", started)
+        self.on_event("finished", {"number": trial.number, "outcome": INTERRUPTED, "state": "FAIL"})
+
+    def _summary(self, study: optuna.Study, sampler: str, interrupted: bool) -> TuneSummary:
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        ooms = sum(1 for t in complete if t.user_attrs.get("outcome") in (oc.OOM_THRESHOLD, oc.OOM_CRASH))
+        best = [{"number": t.number, "values": t.values, "params": t.params}
+                for t in study.best_trials if t.user_attrs.get("feasible")]
+        baseline = next(({"number": t.number, "outcome": t.user_attrs.get("outcome"), "values": t.values}
+                         for t in complete if t.user_attrs.get("kind") == "baseline"), None)
+        summary = TuneSummary(self.study_name, len(complete), self.n_trials, ooms, interrupted, best, baseline,
+                              sampler)
+        log.info("tune.finished", study=self.study_name, trials=len(complete), oom_trials=ooms,
+                 pareto=len(best), interrupted=interrupted)
+        return summary
+
+
+def parse_duration(text: str | None) -> float | None:
+    """`8h`, `90m`, `45s`, `1h30m`, or plain seconds."""
+    if text is None:
+        return None
+    import re
+
+    total = 0.0
+    matched = False
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text.strip()):
+        matched = True
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "": 1}[unit]
+    if not matched or re.sub(r"[\d.\shms]", "", text):
+        raise UserInputError(f"duration {text!r}: expected e.g. 8h, 90m, 45s or 1h30m")
+    return total
