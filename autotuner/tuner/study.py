@@ -142,7 +142,7 @@ class Tuner:
     # --- study setup ---------------------------------------------------------------------------------
     def _open_study(self) -> tuple[optuna.Study, str]:
         sampler, described = make_sampler(self.seed, self.n_trials)
-        storage = self.store.optuna_storage()
+        storage = self._storage = self.store.optuna_storage()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
                                     directions=self.directions, load_if_exists=True)
@@ -183,8 +183,9 @@ class Tuner:
         requeued = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.store.delete_trial(self.study_name, t.number)  # written just before the kill, never told
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            study._storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
+            # Optuna has no public call to fail another process's RUNNING trial; its storage API does.
+            self._storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
+            self._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             waiting = [w.params for w in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
             if t.params not in waiting:
                 study.enqueue_trial(t.params, user_attrs={"kind": t.user_attrs.get("kind", "search"),

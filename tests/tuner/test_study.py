@@ -1,0 +1,200 @@
+"""The study loop: in virtual time (fast, deterministic) and on the simulator as real processes
+(resume after SIGKILL, SIGTERM), plus the bad inputs `tune` must refuse."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotuner.engine.registry import group_members
+from autotuner.scenario import Scenario, load_scenario
+from autotuner.store.db import Store
+from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+def quickstart(tmp_path: Path, kind: str = "sim-virtual", **changes: object) -> Path:
+    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    data["engine"]["kind"] = kind
+    for dotted, value in changes.items():
+        node = data
+        *path, last = dotted.split("__")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    out = tmp_path / f"{kind}.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out
+
+
+def virtual_tuner(tmp_path: Path, trials: int, **changes: object) -> tuple[Tuner, Store]:
+    scenario = load_scenario(quickstart(tmp_path, **changes))
+    store = Store(str(tmp_path / "study.db"))
+    return Tuner(scenario, VirtualRunner(scenario), store, n_trials=trials, seed=3), store
+
+
+def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Path) -> None:
+    tuner, store = virtual_tuner(tmp_path, 12)
+    summary = asyncio.run(tuner.run())
+    assert summary.trials_done == 12 and not summary.interrupted
+    study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(trials) == 12
+    assert trials[0].user_attrs["kind"] == "baseline"
+    assert trials[0].params == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.92, "cpu-offload-gb": 0.0}
+    # The seed's world: vLLM's defaults die of OOM on long prompts.
+    assert trials[0].user_attrs["outcome"] in ("oom-threshold", "oom-crash")
+    for t in trials:
+        assert set(t.user_attrs["constraints"]) == set(CONSTRAINT_KEYS)
+        assert set(t.system_attrs) >= {f"constraints:{k}" for k in CONSTRAINT_KEYS}
+        assert t.user_attrs["feasible"] == all(v <= 0 for v in t.user_attrs["constraints"].values())
+    rows = store.trials(tuner.study_name)
+    assert [r.trial_number for r in rows] == [t.number for t in trials]
+    assert rows[0].kind == "baseline" and rows[0].outcome == trials[0].user_attrs["outcome"]
+    feasible = [t for t in trials if t.user_attrs["feasible"]]
+    assert feasible, "12 trials find at least one config that holds"
+    assert summary.best and all(b["number"] in {t.number for t in feasible} for b in summary.best)
+    key = store.study(tuner.study_name)
+    assert key is not None and key.key.gpu_inventory == ["NVIDIA GeForce RTX 3090 (23.69 GiB, simulated)"] * 8
+    # Running again continues the same study to its study-wide budget: nothing more to do.
+    again, _ = virtual_tuner(tmp_path, 12)
+    assert asyncio.run(again.run()).trials_done == 12
+    assert len(store.trials(tuner.study_name)) == 12
+
+
+def test_flag_rules_are_checked_before_launch(tmp_path: Path) -> None:
+    space = {"max-num-batched-tokens": {"type": "int", "low": 256, "high": 512},
+             "max-num-seqs": {"type": "int", "low": 128, "high": 1024, "log": True}}
+    tuner, store = virtual_tuner(tmp_path, 8, search_space=space)
+    asyncio.run(tuner.run())
+    invalid = [r for r in store.trials(tuner.study_name) if r.outcome == "invalid-flags"]
+    assert invalid
+    for r in invalid:
+        assert "must be greater than or equal to max_num_seqs" in (r.reason or "")
+        assert r.result["argv"] == []  # never launched
+
+
+def tune_cmd(path: Path, db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", str(db), *extra]
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path, sim_state: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
+    return dict(os.environ)
+
+
+def completed(db: Path) -> list[tuple[int, str]]:
+    """Optuna's own trial table, read directly (its names: trials.number, trials.state)."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(db, timeout=30) as conn:
+        try:
+            return conn.execute("select number, state from trials order by number").fetchall()
+        except sqlite3.OperationalError:  # tables not created yet
+            return []
+
+
+def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path: Path, sim_env: dict[str, str]) -> None:
+    path = quickstart(tmp_path, kind="sim", engine__sim__speedup=20, workload__requests__count=6,
+                      workload__requests__output_tokens=32)
+    db = tmp_path / "q.db"
+    proc = subprocess.Popen(tune_cmd(path, db, "--trials", "5"), env=sim_env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    engines = tmp_path / "home" / "engines"
+    # Kill the tuner while an engine of its third trial is up.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = completed(db)
+        if len([s for _, s in states if s == "COMPLETE"]) >= 2 and engines.is_dir() and list(engines.glob("*.json")):
+            break
+        time.sleep(0.1)
+    pgids = [int(p.stem) for p in engines.glob("*.json")]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = completed(db)
+    assert any(state == "RUNNING" for _, state in before) or pgids
+    done = subprocess.run(tune_cmd(path, db, "--trials", "5"), env=sim_env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    for pgid in pgids:
+        assert not group_members(pgid), "the orphaned engine was stopped"
+    after = completed(db)
+    assert [s for _, s in after].count("COMPLETE") == 5
+    assert "RUNNING" not in [s for _, s in after]
+    # Every trial COMPLETE before the kill is still there, unchanged.
+    for number, state in before:
+        if state == "COMPLETE":
+            assert (number, "COMPLETE") in after
+    store = Store(str(db))
+    name = store.studies()[0].study_name
+    rows = store.trials(name)
+    numbers = [r.trial_number for r in rows]
+    assert len(numbers) == len(set(numbers))
+    assert sorted(r.trial_number for r in rows if r.state == "COMPLETE") == \
+        [n for n, s in after if s == "COMPLETE"]
+
+
+def test_sigterm_stops_the_engine_and_exits_0(tmp_path: Path, sim_env: dict[str, str]) -> None:
+    path = quickstart(tmp_path, kind="sim", engine__sim__speedup=2, workload__requests__count=32)
+    db = tmp_path / "t.db"
+    proc = subprocess.Popen(tune_cmd(path, db, "--trials", "3"), env=sim_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    engines = tmp_path / "home" / "engines"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (engines.is_dir() and list(engines.glob("*.json"))):
+        time.sleep(0.1)
+    pgids = [int(p.stem) for p in engines.glob("*.json")]
+    assert pgids
+    time.sleep(2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t0 < 30
+    assert "interrupted" in out
+    assert not group_members(pgids[0])
+    store = Store(str(db))
+    rows = store.trials(store.studies()[0].study_name)
+    assert rows[-1].outcome == "interrupted"
+
+
+def test_bad_inputs_exit_2(tmp_path: Path) -> None:
+    def tune(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autotuner", "tune", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("engine: [not, a, mapping]\n")
+    done = tune(str(broken))
+    assert done.returncode == 2 and "engine" in done.stderr
+    empty = quickstart(tmp_path, search_space={})
+    done = tune(str(empty), "--storage", str(tmp_path / "e.db"))
+    assert done.returncode == 2 and "search_space is empty" in done.stderr
+    assert not (tmp_path / "e.db").exists() or (tmp_path / "e.db").stat().st_size >= 0
+    good = quickstart(tmp_path)
+    done = tune(str(good), "--storage", str(tmp_path / "no" / "such" / "dir" / "x.db"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
+    done = tune(str(good), "--storage", "postgresql://tuner@127.0.0.1:1/nodb")
+    assert done.returncode == 2 and "storage" in done.stderr
+    done = tune(str(good), "--storage", str(tmp_path / "x.db"), "--timeout", "soon")
+    assert done.returncode == 2 and "expected e.g. 8h" in done.stderr
+
+
+def test_scenario_model_is_expanded(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    sc = Scenario.model_validate(data)
+    assert sc.engine.model == "llama-2-13b"
