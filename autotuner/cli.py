@@ -138,6 +138,8 @@ def tune(
     study: str | None = typer.Option(None, "--study", help="study name (default: derived from its key)"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+    warm_start: str | None = typer.Option(None, "--warm-start", help="start from this study's best configs "
+                                          "(e.g. the study of the model you just replaced)"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite."""
     import asyncio
@@ -164,7 +166,7 @@ def tune(
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
         view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
-                      on_event=view)
+                      on_event=view, warm_start=warm_start)
     except UserInputError as exc:
         raise _fail(exc) from None
 

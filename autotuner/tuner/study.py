@@ -115,7 +115,7 @@ def feasible(constraints: dict[str, float]) -> bool:
 class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
-                 on_event: Event | None = None) -> None:
+                 on_event: Event | None = None, warm_start: str | None = None) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -125,6 +125,7 @@ class Tuner:
         self.n_trials = n_trials or scenario.budget.trials
         self.timeout_s = timeout_s if timeout_s is not None else parse_duration(scenario.budget.timeout)
         self.seed = seed
+        self.warm_start = warm_start
         self.on_event = on_event or (lambda _k, _d: None)
         self.objectives = [o.metric for o in scenario.objectives]
         self.directions = [o.direction for o in scenario.objectives]
@@ -146,6 +147,15 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(storage=storage, study_name=self.study_name, sampler=sampler,
                                     directions=self.directions, load_if_exists=True)
+        known = self.store.study(self.study_name)
+        if known is not None and known.key.digest() != self.key.digest():
+            raise UserInputError(
+                f"study {self.study_name} was tuned for another setup (model {known.key.model_fingerprint}, "
+                f"{len(known.key.gpu_inventory)} GPU(s), engine {known.key.engine_version}, workload "
+                f"{known.key.workload_fingerprint}); this run is model {self.key.model_fingerprint}, "
+                f"{len(self.key.gpu_inventory)} GPU(s), engine {self.key.engine_version}, workload "
+                f"{self.key.workload_fingerprint}. Omit --study to open a new study (and --warm-start "
+                f"{self.study_name} to start from its best configs)")
         stored = [d.name.lower() for d in study.directions]
         if stored != self.directions:
             raise UserInputError(f"study {self.study_name} was created with directions {stored}, the scenario "
@@ -202,6 +212,20 @@ class Tuner:
                                 user_attrs={"kind": "baseline"})
         if self.scenario.current_config and "current" not in kinds:
             study.enqueue_trial(self.space.clamp(self.scenario.current_config), user_attrs={"kind": "current"})
+        if self.warm_start and "warm-start" not in kinds:
+            for flags in self._warm_start_configs():
+                study.enqueue_trial(self.space.clamp(flags), user_attrs={"kind": "warm-start"})
+
+    def _warm_start_configs(self) -> list[dict[str, FlagValue]]:
+        """After a model swap: the old study's feasible Pareto configs are good first guesses (their
+        objective values do not transfer; the configurations do)."""
+        name = self.warm_start
+        assert name is not None
+        try:
+            old = optuna.load_study(study_name=name, storage=self._storage)
+        except KeyError:
+            raise UserInputError(f"--warm-start {name}: no such study in {self.store.url}") from None
+        return [dict(t.params) for t in old.best_trials if t.user_attrs.get("feasible")][:8]
 
     def _gpu(self) -> tuple[float, str]:
         first = self.key.gpu_inventory[0] if self.key.gpu_inventory else ""
@@ -343,7 +367,7 @@ class Tuner:
     def _summary(self, study: optuna.Study, sampler: str, interrupted: bool) -> TuneSummary:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         ooms = sum(1 for t in complete if t.user_attrs.get("outcome") in (oc.OOM_THRESHOLD, oc.OOM_CRASH))
-        best = [{"number": t.number, "values": t.values, "params": t.params}
+        best = [{"number": t.number, "values": t.values, "params": self.space.to_flags(t.params)}
                 for t in study.best_trials if t.user_attrs.get("feasible")]
         baseline = next(({"number": t.number, "outcome": t.user_attrs.get("outcome"), "values": t.values}
                          for t in complete if t.user_attrs.get("kind") == "baseline"), None)

@@ -198,3 +198,22 @@ def test_scenario_model_is_expanded(tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
     sc = Scenario.model_validate(data)
     assert sc.engine.model == "llama-2-13b"
+
+
+def test_model_swap_opens_a_new_study_warm_started_from_the_old(tmp_path: Path) -> None:
+    first, store = virtual_tuner(tmp_path, 10)
+    asyncio.run(first.run())
+    swapped = load_scenario(quickstart(tmp_path, engine__model="llama-2-7b"))
+    with pytest.raises(Exception, match="was tuned for another setup"):
+        Tuner(swapped, VirtualRunner(swapped), store, study_name=first.study_name, n_trials=4)._open_study()
+    second = Tuner(swapped, VirtualRunner(swapped), store, n_trials=6, seed=1, warm_start=first.study_name)
+    assert second.study_name != first.study_name
+    asyncio.run(second.run())
+    kinds = [r.kind for r in store.trials(second.study_name)]
+    assert kinds[0] == "baseline"
+    assert "warm-start" in kinds
+    old_best = {tuple(sorted(b["params"].items())) for b in first._summary(
+        optuna.load_study(study_name=first.study_name, storage=store.optuna_storage()), "", False).best}
+    warm = [tuple(sorted((k, v) for k, v in r.flags.items() if k in dict(next(iter(old_best)))))
+            for r in store.trials(second.study_name) if r.kind == "warm-start"]
+    assert set(warm) <= old_best
