@@ -78,6 +78,10 @@ def measure(
     logs = log_dir or autotuner_home() / "logs" / sc.name
 
     async def main() -> object:
+        if sc.engine.kind == "sim-virtual":
+            from autotuner.tuner.runner import VirtualRunner
+
+            return VirtualRunner(sc).evaluate(overrides)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

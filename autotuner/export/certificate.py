@@ -1,0 +1,215 @@
+"""The evidence that travels with every exported config: which study and trial it came from, what that
+trial measured, how close to the OOM wall it ran on each GPU, what it was measured on, and how the
+defaults fared on the same workload. Comments in text formats, a key in JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotuner import __version__
+from autotuner.export.select import Selection, StudyData
+from autotuner.export.units import GIB, change, percent, rate, seconds
+from autotuner.scenario import LengthSettings, Scenario
+from autotuner.store.db import TrialRecord
+from autotuner.tuner.trial import threshold_of
+
+# The figures a deployer asks about first, in the order they are shown.
+CERTIFIED_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
+                     "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed")
+BASELINE_LABEL = "baseline (vLLM defaults)"
+
+
+@dataclass
+class GpuHeadroom:
+    index: int
+    peak_gib: float
+    total_gib: float
+    headroom_gib: float
+    headroom_pct: float
+    threshold_gib: float  # where the tuner would have stopped the engine
+
+
+@dataclass
+class BaselineComparison:
+    trial: int
+    outcome: str
+    reason: str | None
+    metrics: dict[str, float | int | None]
+    peak_fraction: float | None
+
+
+@dataclass
+class Certificate:
+    study: str
+    trial: int
+    kind: str
+    policy: str
+    slos: list[str]
+    measured_at: str
+    metrics: dict[str, float | int | None]
+    peak_fraction: float | None
+    memory: list[GpuHeadroom]
+    oom_threshold: str
+    engine_version: str
+    gpu_inventory: list[str]
+    model: str
+    model_fingerprint: str
+    workload_fingerprint: str
+    workload: str
+    baseline: BaselineComparison | None
+    simulator: str | None
+    target: list[str] = field(default_factory=list)
+    autotuner_version: str = __version__
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """Plain sentences, one fact a line, for comment blocks."""
+        m = self.metrics
+        out = [
+            f"autotuner certificate: study {self.study}, trial {self.trial} ({self.kind}), policy {self.policy}, "
+            f"measured {self.measured_at}",
+            f"SLOs: {'; '.join(self.slos) if self.slos else 'none'}",
+            f"measured: output {rate(m.get('output_tokens_per_s'))}, TTFT p50 {seconds(m.get('ttft_p50_s'))} / "
+            f"p95 {seconds(m.get('ttft_p95_s'))}, TPOT p50 {seconds(m.get('tpot_p50_s'))}, "
+            f"e2e p95 {seconds(m.get('e2e_p95_s'))}, {m.get('completed', '-')} completed / "
+            f"{m.get('failed', '-')} failed",
+            f"memory peak: {percent(self.peak_fraction)} of the fullest GPU; OOM threshold: {self.oom_threshold}",
+        ]
+        out += [f"  GPU {g.index}: peak {g.peak_gib:.2f} GiB of {g.total_gib:.2f} GiB, headroom "
+                f"{g.headroom_gib:.2f} GiB ({g.headroom_pct:.1f} %), threshold {g.threshold_gib:.2f} GiB"
+                for g in self.memory]
+        out += [
+            f"engine: vLLM {self.engine_version}",
+            f"GPUs: {inventory_summary(self.gpu_inventory)}",
+            f"model: {self.model} (fingerprint {self.model_fingerprint})",
+            f"workload: {self.workload} (fingerprint {self.workload_fingerprint})",
+            baseline_line(self.baseline, self.metrics),
+        ]
+        if self.simulator:
+            out.append(f"simulator: {self.simulator}")
+        out += [f"target: {note}" for note in self.target]
+        out.append(f"autotuner {self.autotuner_version}")
+        return out
+
+
+def build_certificate(selection: Selection, target: list[str]) -> Certificate:
+    study = selection.study
+    chosen = selection.chosen
+    key = study.record.key
+    return Certificate(
+        study=study.name, trial=chosen.trial_number, kind=chosen.kind, policy=selection.policy,
+        slos=[s.describe() + (" (scenario)" if s.source == "scenario" else "") for s in selection.analysis.slos],
+        measured_at=dt.datetime.fromtimestamp(chosen.finished_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        metrics=certified_metrics(chosen), peak_fraction=chosen.memory.get("peak_fraction"),
+        memory=headroom(chosen, study.scenario), oom_threshold=threshold_text(study.scenario),
+        engine_version=key.engine_version, gpu_inventory=list(key.gpu_inventory), model=study.scenario.engine.model,
+        model_fingerprint=key.model_fingerprint, workload_fingerprint=key.workload_fingerprint,
+        workload=workload_text(study.scenario), baseline=_baseline(selection.baseline),
+        simulator=simulator_note(study, chosen), target=list(target),
+    )
+
+
+def certified_metrics(trial: TrialRecord) -> dict[str, float | int | None]:
+    m = trial.metrics
+    return {k: m.get(k) for k in CERTIFIED_METRICS}
+
+
+def headroom(trial: TrialRecord, scenario: Scenario) -> list[GpuHeadroom]:
+    memory = trial.memory
+    peaks = [int(b) for b in memory.get("peak_bytes") or []]
+    totals_raw = memory.get("total_bytes")
+    totals = [int(b) for b in totals_raw] if isinstance(totals_raw, list) else [int(totals_raw or 0)] * len(peaks)
+    devices = list(memory.get("devices") or range(len(peaks)))
+    threshold = threshold_of(scenario)
+    out = []
+    for index, peak, total in zip(devices, peaks, totals, strict=False):
+        free = total - peak
+        out.append(GpuHeadroom(int(index), round(peak / GIB, 3), round(total / GIB, 3), round(free / GIB, 3),
+                               round(free / total * 100, 2) if total else 0.0,
+                               round(threshold.limit_bytes(total) / GIB, 3)))
+    return out
+
+
+def threshold_text(scenario: Scenario) -> str:
+    t = scenario.oom_threshold
+    if t.fraction is not None:
+        return f"{t.fraction:.0%} of each GPU's memory"
+    return f"{t.min_free_mib} MiB left free on each GPU"
+
+
+def _length(settings: LengthSettings) -> str:
+    if settings.kind == "fixed":
+        return str(settings.value)
+    if settings.kind == "uniform":
+        return f"{settings.low}-{settings.high}"
+    if settings.kind == "normal":
+        return f"normal({settings.mean:g}, {settings.stddev:g})"
+    return f"lognormal(median {settings.median:g}, sigma {settings.sigma:g})"
+
+
+def workload_text(scenario: Scenario) -> str:
+    w = scenario.workload
+    r, a = w.requests, w.arrivals
+    requests = (f"trace {r.path}" if r.kind == "trace" else
+                f"{r.count} {r.api} requests, prompts {_length(r.prompt_tokens)} tokens, outputs "
+                f"{_length(r.output_tokens)} tokens")
+    if a.kind == "concurrency":
+        arrivals = f"concurrency {a.concurrency}"
+    elif a.kind == "poisson":
+        arrivals = f"Poisson {a.rate:g} req/s"
+    elif a.kind == "burst":
+        arrivals = f"bursts of {a.burst_size} every {a.burst_interval_s:g} s"
+    else:
+        arrivals = "trace timestamps"
+    return f"{requests}, {arrivals}"
+
+
+def inventory_summary(inventory: list[str]) -> str:
+    """`8× NVIDIA GeForce RTX 3090 (23.69 GiB)` rather than the same name eight times."""
+    groups: list[tuple[str, int]] = []
+    for name in inventory:
+        if groups and groups[-1][0] == name:
+            groups[-1] = (name, groups[-1][1] + 1)
+        else:
+            groups.append((name, 1))
+    return ", ".join(f"{n}× {name}" for name, n in groups) or "none recorded"
+
+
+def simulator_note(study: StudyData, trial: TrialRecord) -> str | None:
+    kind = study.scenario.engine.kind
+    if kind == "sim-virtual":
+        return ("evaluated by the simulator's engine core in virtual time (no engine process ran, no GPU was "
+                "used): the figures are a model of the GPUs above; check the real box with `autotuner verify` "
+                "before relying on them")
+    if kind == "sim":
+        scale = float(trial.result.get("time_scale") or 1.0)
+        return (f"measured against the simulated vLLM, which ran {scale:g}x faster than the simulated hardware; "
+                "latencies and throughput are in simulated-hardware time: check the real box with "
+                "`autotuner verify` before relying on them")
+    return None
+
+
+def _baseline(trial: TrialRecord | None) -> BaselineComparison | None:
+    if trial is None:
+        return None
+    return BaselineComparison(trial.trial_number, trial.outcome, trial.reason, certified_metrics(trial),
+                              trial.memory.get("peak_fraction"))
+
+
+def baseline_line(baseline: BaselineComparison | None, winner: dict[str, float | int | None]) -> str:
+    if baseline is None:
+        return f"{BASELINE_LABEL}: not measured in this study"
+    head = f"{BASELINE_LABEL}: trial {baseline.trial}, {baseline.outcome}"
+    m = baseline.metrics
+    if baseline.outcome != "ok" or m.get("output_tokens_per_s") is None:
+        return head + (f" — {baseline.reason}" if baseline.reason else "")
+    thr, ttft = m.get("output_tokens_per_s"), m.get("ttft_p95_s")
+    return (f"{head} — output {rate(thr)}, TTFT p95 {seconds(ttft)}, peak {percent(baseline.peak_fraction)}; "
+            f"this config: output {change(winner.get('output_tokens_per_s'), thr)}, "
+            f"TTFT p95 {change(winner.get('ttft_p95_s'), ttft)}")
+

@@ -1,0 +1,262 @@
+"""The chosen configuration as something to deploy: a command line, a `vllm serve --config` file, a
+docker compose service, a systemd unit, an env file, or JSON. Each carries the certificate.
+
+What is exported: the model, the served model name the scenario fixed, the scenario's fixed flags and
+the trial's searched ones (both are in the trial's flags), and the scenario's environment minus
+secrets. Never exported: the tuner's --host/--port (the deployment binds where it wants) and any API
+key — vLLM reads VLLM_API_KEY from its environment, so the key stays out of files, `ps` and history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import yaml
+
+from autotuner.engine.launch import API_KEY_VAR, flag_argv
+from autotuner.export.certificate import Certificate
+from autotuner.export.select import Selection
+from autotuner.scenario import RESERVED_FLAGS, FlagValue
+
+Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
+FORMATS: tuple[str, ...] = get_args(Format)
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+IMAGE = "vllm/vllm-openai"
+PORT = 8000
+_PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
+
+
+def is_secret(name: str) -> bool:
+    """Same rule as the launcher's redaction: such variables never reach an exported file."""
+    return any(word in name.upper() for word in SECRET_WORDS)
+
+
+@dataclass
+class Deployment:
+    model: str
+    served_model_name: str | None
+    flags: dict[str, FlagValue]
+    env: dict[str, str]  # non-secret variables, with values
+    secret_env: list[str]  # names only: the deployment supplies them
+    needs_api_key: bool  # the study ran with an API key, so clients expect one
+    gpu_count: int
+    gpu_ids: list[int] | None
+    engine_version: str
+    startup_timeout_s: float
+    certificate: Certificate
+    notes: list[str] = field(default_factory=list)
+
+    def serve_args(self) -> list[str]:
+        """What follows `vllm serve`: the model, then the options."""
+        named = ["--served-model-name", self.served_model_name] if self.served_model_name else []
+        return [self.model, *named, *flag_argv(self.flags)]
+
+    def argv(self) -> list[str]:
+        return ["vllm", "serve", *self.serve_args()]
+
+    def run_env(self) -> dict[str, str]:
+        """The environment the command needs, GPU pinning included (NVML order, as the tuner used)."""
+        env = dict(self.env)
+        if self.gpu_ids is not None:
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_ids))
+        return env
+
+
+def deployment(selection: Selection, certificate: Certificate) -> Deployment:
+    study = selection.study
+    engine = study.scenario.engine
+    flags = {k: v for k, v in selection.chosen.flags.items() if k not in RESERVED_FLAGS}
+    env = {k: v for k, v in engine.env.items() if not is_secret(k) and k != API_KEY_VAR}
+    secrets = sorted({k for k in engine.env if is_secret(k)} - {API_KEY_VAR})
+    return Deployment(model=engine.model, served_model_name=engine.served_model_name, flags=flags, env=env,
+                      secret_env=secrets, needs_api_key=engine.api_key_env is not None,
+                      gpu_count=len(study.record.key.gpu_inventory) or 1, gpu_ids=engine.gpus,
+                      engine_version=study.record.key.engine_version, startup_timeout_s=engine.startup_timeout_s,
+                      certificate=certificate)
+
+
+# --- shared pieces -----------------------------------------------------------------------------------
+
+def _comment(lines: list[str]) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
+
+
+def _header(d: Deployment, extra: list[str]) -> str:
+    return _comment([*d.certificate.lines(), "", *extra, *_secret_notes(d)])
+
+
+def _secret_notes(d: Deployment) -> list[str]:
+    notes = []
+    if d.needs_api_key:
+        notes.append(f"API key: the study served with one; set {API_KEY_VAR} in the deployment's environment "
+                     "(vLLM reads it there; never put --api-key on a command line)")
+    if d.secret_env:
+        notes.append(f"secrets left out, supply them from the environment: {', '.join(d.secret_env)}")
+    return notes
+
+
+def _image(version: str) -> str:
+    match = re.match(r"\d+\.\d+\.\d+", version)
+    return f"{IMAGE}:v{match.group(0)}" if match else f"{IMAGE}:latest"
+
+
+# --- the formats -------------------------------------------------------------------------------------
+
+def render_cmd(d: Deployment) -> str:
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in d.run_env().items()]
+    return _header(d, ["run:"]) + " ".join([*assignments, shlex.join(d.argv())]) + "\n"
+
+
+def render_yaml(d: Deployment) -> str:
+    """For `vllm serve MODEL --config FILE`: long option names as keys; true → --x, false → --no-x."""
+    body: dict[str, Any] = {}
+    if d.served_model_name:
+        body["served-model-name"] = d.served_model_name
+    body.update(d.flags)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in d.run_env().items())
+    usage = [f"run: {env + ' ' if env else ''}vllm serve {shlex.quote(d.model)} --config THIS_FILE",
+             "(the model is the command's positional argument, not a key of this file)"]
+    return _header(d, usage) + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def _compose_escape(value: str) -> str:
+    # Compose interpolates $VAR in every string of the file: a literal $ must be doubled.
+    return value.replace("$", "$$")
+
+
+def render_compose(d: Deployment) -> str:
+    env: dict[str, str] = {k: _compose_escape(v) for k, v in d.env.items()}
+    if d.needs_api_key:
+        env[API_KEY_VAR] = f"${{{API_KEY_VAR}:?set {API_KEY_VAR}, the key clients must send}}"
+    else:
+        env[API_KEY_VAR] = f"${{{API_KEY_VAR}:-}}"  # empty: no authentication, as in the study
+    for name in d.secret_env:
+        env[name] = f"${{{name}}}"
+    device: dict[str, Any] = {"driver": "nvidia", "capabilities": ["gpu"]}
+    if d.gpu_ids is not None:
+        device["device_ids"] = [str(i) for i in d.gpu_ids]
+    else:
+        device["count"] = d.gpu_count
+    volumes = ["${HOME}/.cache/huggingface:/root/.cache/huggingface"]
+    if d.model.startswith("/"):
+        volumes.append(f"{_compose_escape(d.model)}:{_compose_escape(d.model)}:ro")
+    service: dict[str, Any] = {
+        "image": _image(d.engine_version),
+        "command": [_compose_escape(a) for a in d.serve_args()],
+        "environment": env,
+        "ports": [f"{PORT}:{PORT}"],
+        "ipc": "host",  # tensor-parallel workers share memory through /dev/shm
+        "volumes": volumes,
+        "deploy": {"resources": {"reservations": {"devices": [device]}}},
+        "healthcheck": {
+            "test": ["CMD", "python3", "-c",
+                     f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{PORT}/health', timeout=5)"],
+            "interval": "10s", "timeout": "6s", "retries": 3, "start_period": f"{int(d.startup_timeout_s)}s",
+        },
+        "restart": "on-failure",
+        "stop_grace_period": "30s",
+    }
+    usage = ["run: docker compose -f THIS_FILE up -d",
+             "the image's entrypoint is `vllm serve`; the command holds the model and the tuned flags"]
+    if d.engine_version.startswith("unknown"):
+        usage.append("the study did not record vLLM's version: pin the image tag to the one you tuned with")
+    return _header(d, usage) + yaml.safe_dump({"services": {"vllm": service}}, sort_keys=False,
+                                              default_flow_style=False, allow_unicode=True, width=1000)
+
+
+def _systemd_escape(value: str) -> str:
+    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=.
+    return value.replace("%", "%%").replace("$", "$$")
+
+
+def render_systemd(d: Deployment) -> str:
+    name = d.served_model_name or d.model
+    lines = [
+        "[Unit]",
+        f"Description=vLLM serving {_systemd_escape(name)} (autotuner study {d.certificate.study}, "
+        f"trial {d.certificate.trial})",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+    ]
+    for key, value in d.run_env().items():
+        escaped = _systemd_escape(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'Environment="{escaped}"')
+    lines += [
+        f"# Secrets ({', '.join([API_KEY_VAR, *d.secret_env])}) go in this root-only file, never in the unit:",
+        "EnvironmentFile=-/etc/vllm/vllm.env",
+        "# vllm must be on systemd's PATH; for a virtualenv, write its absolute path instead of /usr/bin/env vllm.",
+        "ExecStart=/usr/bin/env " + _systemd_escape(shlex.join(d.argv())),
+        "Restart=on-failure",
+        "RestartSec=10",
+        f"TimeoutStartSec={int(d.startup_timeout_s)}",
+        "# SIGTERM to the whole control group: vLLM's engine core and workers hold GPU memory.",
+        "KillMode=control-group",
+        "TimeoutStopSec=30",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return _header(d, ["install: copy to /etc/systemd/system/vllm.service, then systemctl daemon-reload && "
+                       "systemctl enable --now vllm"]) + "\n".join(lines) + "\n"
+
+
+def env_name(flag: str) -> str:
+    return "AUTOTUNER_FLAG_" + re.sub(r"[^A-Za-z0-9]", "_", flag).upper()
+
+
+def _env_value(value: str) -> str:
+    """Unquoted when plain; else double-quoted with the characters shells and systemd treat specially
+    escaped."""
+    return value if _PLAIN_ENV_VALUE.match(value) else _quoted(value)
+
+
+def _quoted(value: str) -> str:
+    return '"' + re.sub(r'(["\\$`])', r"\\\1", value) + '"'
+
+
+def _flag_text(value: FlagValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def render_env(d: Deployment) -> str:
+    named = ["--served-model-name", d.served_model_name] if d.served_model_name else []
+    lines = [f"VLLM_MODEL={_env_value(d.model)}",
+             f"VLLM_ARGS={_quoted(shlex.join([*named, *flag_argv(d.flags)]))}"]
+    lines += [f"{env_name(k)}={_env_value(_flag_text(v))}" for k, v in d.flags.items()]
+    lines += [f"{k}={_env_value(v)}" for k, v in d.run_env().items()]
+    usage = ['use: set -a; . THIS_FILE; set +a; vllm serve "$VLLM_MODEL" $VLLM_ARGS',
+             "or EnvironmentFile= in a systemd unit / env_file: in compose"]
+    return _header(d, usage) + "\n".join(lines) + "\n"
+
+
+def render_json(d: Deployment) -> str:
+    payload = {
+        "model": d.model,
+        "served_model_name": d.served_model_name,
+        "flags": d.flags,
+        "argv": d.argv(),
+        "env": d.run_env(),
+        "secret_env": d.secret_env,
+        "api_key_env": API_KEY_VAR if d.needs_api_key else None,
+        "certificate": d.certificate.to_dict(),
+    }
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Deployment], str]] = {
+    "cmd": render_cmd, "yaml": render_yaml, "compose": render_compose, "systemd": render_systemd,
+    "env": render_env, "json": render_json,
+}

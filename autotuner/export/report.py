@@ -1,0 +1,184 @@
+"""`autotuner report`: what the study found, for a person deciding whether to deploy it.
+
+Writes `report.md` (with `pareto.png` and `memory.png` beside it) and `report.html` (one
+self-contained page, the same PNGs embedded as base64). Everything is written into a staging
+directory first and moved into place at the end, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+from autotuner.export.atomic import check_output_dir, staged_dir
+from autotuner.export.certificate import (
+    BASELINE_LABEL,
+    headroom,
+    inventory_summary,
+    simulator_note,
+    threshold_text,
+    workload_text,
+)
+from autotuner.export.document import Document, Image, Section, Table, to_html, to_markdown
+from autotuner.export.select import (
+    Analysis,
+    analyse,
+    choose,
+    load_study,
+    outcome_counts,
+    verdict,
+)
+from autotuner.export.slo import scenario_slos
+from autotuner.export.units import change, flag_value, gib, percent, rate, seconds
+from autotuner.store.db import TrialRecord
+
+POLICY = "knee"
+# Winner-against-baseline rows: (label, metric, how to show it).
+COMPARED = (
+    ("output throughput", "output_tokens_per_s", rate),
+    ("total throughput", "total_tokens_per_s", rate),
+    ("TTFT p50", "ttft_p50_s", seconds),
+    ("TTFT p95", "ttft_p95_s", seconds),
+    ("TPOT p50", "tpot_p50_s", seconds),
+    ("e2e p95", "e2e_p95_s", seconds),
+)
+
+
+def run_report(storage: str, study: str | None, out_dir: Path) -> int:
+    check_output_dir(out_dir)
+    data = load_study(storage, study)
+    if data.note:
+        print(f"note: {data.note}", file=sys.stderr)
+    analysis = analyse(data, scenario_slos(data.scenario.slos))
+    winner = choose(POLICY, analysis)
+    # Imported here: matplotlib takes a second to load and only the report needs it.
+    from autotuner.export.plots import memory_png, pareto_png
+
+    pareto = Image("pareto.png", "Pareto front: output tokens/s against TTFT p95", pareto_png(analysis, winner))
+    shown = winner or data.baseline
+    memory = None
+    if shown is not None and shown.memory.get("peak_bytes"):
+        memory = Image("memory.png", f"GPU memory of trial {shown.trial_number}", memory_png(analysis, shown))
+    doc = build_document(analysis, winner, pareto, memory)
+    with staged_dir(out_dir) as stage:
+        (stage / "report.md").write_text(to_markdown(doc))
+        (stage / "report.html").write_text(to_html(doc))
+        for image in doc.images():
+            (stage / image.filename).write_bytes(image.png)
+    print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.html'} ({len(doc.images())} plots) for study "
+          f"{data.name}", file=sys.stderr)
+    return 0
+
+
+def measured(trial: TrialRecord) -> dict[str, object]:
+    """Figures worth showing: a trial stopped at the OOM threshold or crashed keeps the partial figures
+    of its last seconds, which would read as a (terrible) result."""
+    return trial.metrics if trial.outcome == "ok" else {}
+
+
+def searched_flags(trial: TrialRecord, fixed: dict[str, object]) -> str:
+    return " ".join(f"{k}={flag_value(v)}" for k, v in trial.flags.items() if k not in fixed or fixed[k] != v)
+
+
+def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image, memory: Image | None) -> Document:
+    study = analysis.study
+    sc = study.scenario
+    key = study.record.key
+    created = dt.datetime.fromtimestamp(study.record.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    doc = Document(f"Tuning report: {study.name}")
+
+    summary = Section("Summary", [
+        f"Scenario {study.record.scenario_name}, storage {study.storage}, created {created}. "
+        f"{len(study.trials)} trials ({outcome_counts(study.trials)}); {len(analysis.feasible)} feasible, "
+        f"{len(analysis.candidates)} also meet the scenario's SLOs; the Pareto front holds "
+        f"{len(analysis.front)}.",
+        (f"Recommended ({POLICY}): trial {winner.trial_number}, {searched_flags(winner, sc.engine.flags)}."
+         if winner is not None else
+         "No trial is feasible under the scenario's SLOs: nothing to recommend. Tune longer or widen the "
+         "search space toward less memory."),
+    ])
+    note = simulator_note(study, winner or study.trials[0])
+    if note:
+        summary.blocks.append(f"Simulator: {note}.")
+    doc.sections.append(summary)
+
+    doc.sections.append(Section("Study key", [Table(["what", "value"], [
+        ["model", f"{sc.engine.model} (fingerprint {key.model_fingerprint})"],
+        ["GPUs", inventory_summary(key.gpu_inventory)],
+        ["engine", f"vLLM {key.engine_version}"],
+        ["workload", f"{workload_text(sc)} (fingerprint {key.workload_fingerprint})"],
+        ["key digest", key.digest()],
+        ["objectives", ", ".join(f"{o.direction} {o.metric}" for o in sc.objectives)],
+        ["SLOs", "; ".join(s.describe() for s in analysis.slos) or "none"],
+        ["OOM threshold", threshold_text(sc)],
+        ["fixed flags", " ".join(f"{k}={flag_value(v)}" for k, v in sc.engine.flags.items()) or "none"],
+    ])]))
+
+    front_rows = [[str(t.trial_number), searched_flags(t, sc.engine.flags), rate(t.metrics.get("output_tokens_per_s")),
+                   seconds(t.metrics.get("ttft_p95_s")), percent(t.memory.get("peak_fraction"))]
+                  for t in sorted(analysis.front, key=lambda t: t.trial_number)]
+    doc.sections.append(Section("Pareto front", [
+        pareto,
+        "Coloured: feasible trials meeting the SLOs; circled red: the Pareto front; star: the recommended "
+        "knee. Hollow grey: measured but missing an SLO or losing requests. The band below lists trials "
+        "that produced no measurement (OOM, failed start), by outcome; their reasons are in the trials table.",
+        Table(["trial", "searched flags", "output tok/s", "TTFT p95", "memory peak"], front_rows)
+        if front_rows else "The front is empty.",
+    ]))
+
+    doc.sections.append(Section(f"Recommended against {BASELINE_LABEL}", [_comparison(study.baseline, winner,
+                                                                                       sc.engine.flags)]))
+
+    memory_blocks: list[str | Table | Image] = []
+    shown = winner or study.baseline
+    if memory is not None and shown is not None:
+        memory_blocks.append(memory)
+        memory_blocks.append(Table(["GPU", "peak", "total", "headroom", "headroom %", "OOM threshold"], [
+            [str(g.index), f"{g.peak_gib:.2f} GiB", f"{g.total_gib:.2f} GiB", f"{g.headroom_gib:.2f} GiB",
+             f"{g.headroom_pct:.1f} %", f"{g.threshold_gib:.2f} GiB"] for g in headroom(shown, sc)]))
+        if winner is None:
+            memory_blocks.insert(0, f"No recommendation: this is the baseline, trial {shown.trial_number}.")
+    else:
+        memory_blocks.append("No memory measurement to show.")
+    doc.sections.append(Section("Memory", memory_blocks))
+
+    rows = []
+    for t in study.trials:
+        reason = verdict(t, analysis)
+        m = measured(t)
+        rows.append([str(t.trial_number), t.kind, t.outcome, searched_flags(t, sc.engine.flags),
+                     rate(m.get("output_tokens_per_s")), seconds(m.get("ttft_p95_s")),
+                     percent(t.memory.get("peak_fraction")), _short(reason)])
+    doc.sections.append(Section("Trials", [Table(
+        ["trial", "kind", "outcome", "searched flags", "output tok/s", "TTFT p95", "memory peak", "reason"], rows)]))
+    return doc
+
+
+def _comparison(baseline: TrialRecord | None, winner: TrialRecord | None, fixed: dict[str, object]) -> Table | str:
+    if winner is None:
+        return "No recommendation to compare."
+    if baseline is None:
+        return "The baseline was not measured in this study."
+    header = ["", f"baseline, trial {baseline.trial_number}", f"recommended, trial {winner.trial_number}", "change"]
+    rows = [["outcome", baseline.outcome, winner.outcome, ""],
+            ["flags", searched_flags(baseline, fixed), searched_flags(winner, fixed), ""]]
+    for label, metric, show in COMPARED:
+        old, new = measured(baseline).get(metric), measured(winner).get(metric)
+        rows.append([label, show(old), show(new), change(new, old)])
+    old_peak, new_peak = baseline.memory.get("peak_fraction"), winner.memory.get("peak_fraction")
+    rows.append(["memory peak (fullest GPU)", percent(old_peak), percent(new_peak), change(new_peak, old_peak)])
+    old_max = max(baseline.memory.get("peak_bytes") or [0]) or None
+    new_max = max(winner.memory.get("peak_bytes") or [0]) or None
+    rows.append(["memory peak (GiB)", gib(old_max), gib(new_max), change(new_max, old_max)])
+    for label, key in (("requests completed", "completed"), ("requests failed", "failed")):
+        rows.append([label, str(baseline.metrics.get(key, "-")), str(winner.metrics.get(key, "-")), ""])
+    kv_old, kv_new = baseline.engine.get("kv_cache_tokens"), winner.engine.get("kv_cache_tokens")
+    rows.append(["KV cache tokens", str(kv_old or "-"), str(kv_new or "-"), change(kv_new, kv_old)])
+    if baseline.outcome != "ok":
+        rows.append(["baseline's failure", baseline.reason or baseline.outcome, "", ""])
+    return Table(header, rows)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,67 @@
+"""`autotuner status`: the studies in a storage at a glance, or the trials of one study."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_store, read_study, verdict
+from autotuner.export.slo import scenario_slos
+from autotuner.export.units import flag_value, percent, seconds
+
+
+def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:
+    console = console or Console()
+    if study is not None:
+        _trials(storage, study, console)
+        return 0
+    store = open_store(storage)
+    records = store.studies()
+    if not records:
+        console.print(f"no study in {storage} yet: run `autotuner tune SCENARIO --storage {storage}`")
+        return 0
+    table = Table(title=f"studies in {storage}", title_justify="left")
+    for column in ("study", "scenario", "complete", "failed", "feasible", "OOM", "best output tok/s",
+                   "baseline"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("complete", "failed", "feasible",
+                                                                                 "OOM") else "left")
+    for record in records:
+        data = read_study(store, record, storage)
+        analysis = analyse(data, scenario_slos(data.scenario.slos))
+        trials = data.trials
+        best = max((t.metrics.get("output_tokens_per_s") or 0.0 for t in analysis.candidates), default=None)
+        baseline = data.baseline
+        table.add_row(
+            record.study_name, record.scenario_name,
+            str(sum(t.state == "COMPLETE" for t in trials)), str(sum(t.state != "COMPLETE" for t in trials)),
+            str(len(analysis.candidates)), str(sum(t.outcome in OOM_OUTCOMES for t in trials)),
+            _number(best),
+            baseline.outcome if baseline is not None else "not measured yet",
+        )
+    console.print(table)
+    return 0
+
+
+def _trials(storage: str, name: str, console: Console) -> None:
+    data = load_study(storage, name)
+    analysis = analyse(data, scenario_slos(data.scenario.slos))
+    feasible = {t.trial_number for t in analysis.candidates}
+    front = {t.trial_number for t in analysis.front}
+    fixed = data.scenario.engine.flags
+    table = Table(title=f"study {data.name} ({data.record.scenario_name}) in {storage}", title_justify="left")
+    for column in ("#", "kind", "outcome", "feasible", "searched flags", "output tok/s", "TTFT p95", "mem peak",
+                   "reason"):
+        table.add_column(column, overflow="fold")
+    for t in data.trials:
+        ok = t.outcome == "ok"
+        mark = "front" if t.trial_number in front else ("yes" if t.trial_number in feasible else "no")
+        flags = " ".join(f"{k}={flag_value(v)}" for k, v in t.flags.items() if k not in fixed)
+        table.add_row(str(t.trial_number), t.kind, t.outcome, mark, flags,
+                      _number(t.metrics.get("output_tokens_per_s")) if ok else "-",
+                      seconds(t.metrics.get("ttft_p95_s")) if ok else "-", percent(t.memory.get("peak_fraction")),
+                      verdict(t, analysis)[:160])
+    console.print(table)
+
+
+def _number(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"

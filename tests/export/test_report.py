@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autotuner.errors import UserInputError
+from autotuner.export.plots import memory_png
+from autotuner.export.report import run_report
+from autotuner.export.select import analyse, load_study
+from autotuner.export.slo import scenario_slos
+from autotuner.store.db import Store
+from tests.export.conftest import GIB, TOTAL, MakeStudy, StudyDb, trial
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(data: bytes) -> None:
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 10_000  # a drawn figure, not an empty canvas
+
+
+def test_report_files(study_db: StudyDb, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert run_report(study_db.storage, None, out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["memory.png", "pareto.png", "report.html", "report.md"]
+    for png in ("pareto.png", "memory.png"):
+        assert_png((out / png).read_bytes())
+    md = (out / "report.md").read_text()
+    trials = Store(study_db.storage).trials(study_db.name)
+    assert study_db.name in md
+    for section in ("## Study key", "## Pareto front", "## Recommended against baseline (vLLM defaults)",
+                    "## Memory", "## Trials"):
+        assert section in md
+    assert "](pareto.png)" in md and "](memory.png)" in md
+    trial_rows = [line for line in md.split("## Trials")[1].splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(trial_rows) == len(trials)
+    assert "oom-threshold" in md.split("## Trials")[1]  # the baseline's outcome in the table
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2
+    assert 'src="pareto.png"' not in html  # self-contained
+    assert "<table>" in html and study_db.name in html
+
+
+def test_baseline_against_winner(make_study: MakeStudy, tmp_path: Path) -> None:
+    study = make_study([trial(0, 50.0, 8.0, kind="baseline"), trial(1, 100.0, 4.0), trial(2, 40.0, 2.0)])
+    run_report(study.storage, None, tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    comparison = md.split("## Recommended against")[1].split("## Memory")[0]
+    assert "| output throughput | 50.0 tok/s | 100.0 tok/s | +100.0 % |" in comparison
+    assert "| TTFT p95 | 8.00 s | 4.00 s | -50.0 % |" in comparison
+
+
+def test_failure_leaves_nothing(study_db: StudyDb, tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="is not in"):
+        run_report(study_db.storage, "no-such-study", tmp_path / "report")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UserInputError, match="does not exist"):
+        run_report(study_db.storage, None, tmp_path / "missing" / "report")
+
+
+def test_existing_directory_keeps_other_files(study_db: StudyDb, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "report.md").write_text("stale")
+    run_report(study_db.storage, None, out)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "report.md").read_text().startswith("# Tuning report")
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]  # the staging directory is gone
+
+
+def test_report_without_feasible_trial(make_study: MakeStudy, tmp_path: Path) -> None:
+    study = make_study([trial(0, None, None, kind="baseline", outcome="oom-threshold", peak=0.99),
+                        trial(1, None, None, outcome="oom-crash", peak=1.0)])
+    assert run_report(study.storage, None, tmp_path / "r") == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "nothing to recommend" in md
+    assert_png((tmp_path / "r" / "pareto.png").read_bytes())
+
+
+def test_memory_timeline_plot(make_study: MakeStudy) -> None:
+    timeline = [[t / 10, [int(min(t, 50) / 50 * 0.9 * TOTAL), int(min(t, 50) / 50 * 0.85 * TOTAL)]]
+                for t in range(100)]
+    study = make_study([trial(0, 80.0, 3.0, kind="baseline", timeline=timeline)])
+    data = load_study(study.storage, None)
+    record = data.trials[0]
+    assert record.timeline == timeline
+    assert_png(memory_png(analyse(data, scenario_slos(data.scenario.slos)), record))
+    assert max(v for _, vs in record.timeline for v in vs) < TOTAL - GIB // 2
+
+
+def test_infeasible_trials_do_not_stretch_the_axes(study_db: StudyDb) -> None:
+    """The tuner told Optuna placeholder values for OOM trials (up to 600 s TTFT); the plot shows only
+    measured figures, and the OOM trials in the band below."""
+    import matplotlib.pyplot as plt
+
+    from autotuner.export.plots import pareto_figure
+
+    data = load_study(study_db.storage, None)
+    analysis = analyse(data, scenario_slos(data.scenario.slos))
+    fig = pareto_figure(analysis, None)
+    axes = {a.get_label(): a for a in fig.axes}
+    main, band = axes["measured"], axes["infeasible"]
+    measured = [t.metrics["ttft_p95_s"] for t in data.trials if t.outcome == "ok"]
+    assert main.get_xlim()[1] < max(measured) * 1.2
+    ooms = {t.trial_number for t in data.trials if t.outcome != "ok"}
+    assert ooms, "the fixture study should hold OOM trials"
+    plotted = {int(x) for c in band.collections for x, _ in c.get_offsets()}
+    assert plotted == ooms
+    plt.close(fig)
