@@ -111,7 +111,7 @@ async def test_bursts_arrive_together_then_wait_for_the_interval() -> None:
     for i, group in enumerate(groups):
         assert max(group) - min(group) < 0.05  # a burst leaves together
         assert min(group) >= 0.15 * i - 0.002  # and never before its time
-    for earlier, later in zip(groups, groups[1:], strict=False):
+    for earlier, later in itertools.pairwise(groups):
         assert min(later) - min(earlier) >= 0.15 - 0.004
 
 
