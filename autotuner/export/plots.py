@@ -61,7 +61,7 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     weak = [(t, x, y) for t, x, y in points if t.trial_number not in candidates]
     if weak:
         ax.scatter([x for _, x, _ in weak], [y for _, _, y in weak], facecolors="none", edgecolors="0.55",
-                   s=36, label="measured, misses an SLO or failed requests")
+                   s=36, label="measured, infeasible (SLO, lost requests, memory)")
     if good:
         sc = ax.scatter([x for _, x, _ in good], [y for _, _, y in good], c=[t.trial_number for t, _, _ in good],
                         cmap="viridis", s=40, zorder=3, label="feasible")

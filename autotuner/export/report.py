@@ -121,7 +121,8 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
     doc.sections.append(Section("Pareto front", [
         pareto,
         "Coloured: feasible trials meeting the SLOs; circled red: the Pareto front; star: the recommended "
-        "knee. Hollow grey: measured but missing an SLO or losing requests. The band below lists trials "
+        "knee. Hollow grey: measured but infeasible (missed an SLO, lost requests, or peaked above the OOM "
+        "threshold). The band below lists trials "
         "that produced no measurement (OOM, failed start), by outcome; their reasons are in the trials table.",
         Table(["trial", "searched flags", "output tok/s", "TTFT p95", "memory peak"], front_rows)
         if front_rows else "The front is empty.",

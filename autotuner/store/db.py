@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from autotuner.errors import UserInputError
 
 SQLITE_TIMEOUT_S = 60
+HEARTBEAT_S = 30
 metadata = sa.MetaData()
 
 at_studies = sa.Table(
@@ -159,12 +160,15 @@ class Store:
         except OperationalError as exc:
             raise UserInputError(f"storage {url} is unreachable: {exc.orig}") from None
 
-    def optuna_storage(self, heartbeat_s: int | None = None):  # type: ignore[no-untyped-def]
+    def optuna_storage(self):  # type: ignore[no-untyped-def]
+        """Optuna's storage on the same database. Shared databases (PostgreSQL: several boxes, one
+        study) get heartbeats, so a worker that died is told apart from one still measuring."""
         import optuna
 
         kwargs: dict[str, Any] = {}
-        if heartbeat_s:
-            kwargs.update(heartbeat_interval=heartbeat_s, grace_period=heartbeat_s * 4)
+        if not self.is_sqlite:
+            kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_S * 4,
+                          failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
         return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs)
 
     @property

@@ -189,7 +189,14 @@ class Tuner:
             self._lock_fd = None
 
     def _recover(self, study: optuna.Study) -> list[int]:
-        """Trials left RUNNING by a killed tuner: fail them and queue their parameters again."""
+        """Trials left RUNNING by a killed tuner: fail them and queue their parameters again. With SQLite
+        we are the only worker (the lock says so); on a shared database only trials whose heartbeat
+        went stale are another worker's dead ones, and Optuna re-queues them."""
+        if not self.store.is_sqlite:
+            before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            optuna.storages.fail_stale_trials(study)
+            after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            return sorted(before - after)
         requeued = []
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.store.delete_trial(self.study_name, t.number)  # written just before the kill, never told
@@ -275,13 +282,22 @@ class Tuner:
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, {**self.scenario.engine.flags, **flags}, [])
         else:
+            beat = asyncio.ensure_future(self._heartbeat(trial))
             try:
                 result = await self._measure(flags)
             except asyncio.CancelledError:
                 self._record_interrupted(study, trial, kind, flags, started)
                 return True
+            finally:
+                beat.cancel()
         self._tell(study, trial, kind, result, started)
         return False
+
+    async def _heartbeat(self, trial: optuna.Trial) -> None:
+        interval = self._storage.get_heartbeat_interval()
+        while interval:
+            await asyncio.to_thread(self._storage.record_heartbeat, trial._trial_id)
+            await asyncio.sleep(interval)
 
     async def _measure(self, flags: dict[str, FlagValue]) -> TrialResult:
         for attempt in (1, 2):
