@@ -13,14 +13,15 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# The main job: the seed's long-prompt case on the simulated 8x RTX 3090 box.
+# The main job: tune the seed's long-prompt case on the simulated 8x RTX 3090 box, export the winner
+# as a `vllm serve --config` file, write the report. Starts a fresh study each time.
+QUICK := out/quickstart
 quickstart: $(VENV)/.installed
-	VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 $(BIN)/autotuner sim evaluate llama-2-13b --tensor-parallel-size 8 \
-	  --max-model-len 8192 --sim-gpu rtx-3090 --prompts 8 --prompt-tokens 3000-6000 --output-tokens 256 \
-	  --concurrency 8 --gpu-memory-utilization 0.80 --no-enable-chunked-prefill
-	VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 $(BIN)/autotuner sim evaluate llama-2-13b --tensor-parallel-size 8 \
-	  --max-model-len 8192 --sim-gpu rtx-3090 --prompts 8 --prompt-tokens 3000-6000 --output-tokens 256 \
-	  --concurrency 8 --gpu-memory-utilization 0.80 --max-num-batched-tokens 1024
+	rm -rf $(QUICK) && mkdir -p $(QUICK)
+	$(BIN)/autotuner tune scenarios/quickstart.yaml --storage $(QUICK)/autotuner.db
+	$(BIN)/autotuner export --storage $(QUICK)/autotuner.db --format yaml -o $(QUICK)/vllm.yaml
+	$(BIN)/autotuner report --storage $(QUICK)/autotuner.db -o $(QUICK)/report
+	@echo "exported: $(QUICK)/vllm.yaml   report: $(QUICK)/report/report.html"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

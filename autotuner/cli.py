@@ -206,6 +206,62 @@ def _print_summary(summary: object) -> None:
                f"autotuner report --study {s.study_name} -o report/")  # type: ignore[attr-defined]
 
 
+DEFAULT_STORAGE = "sqlite:///autotuner.db"
+
+
+@app.command()
+def status(
+    study: str | None = typer.Argument(None, help="a study: list its trials"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+) -> None:
+    """Studies in the storage and their trials."""
+    from autotuner.errors import UserInputError
+    from autotuner.export.status import run_status
+
+    try:
+        raise typer.Exit(run_status(storage, study))
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def export(
+    fmt: str = typer.Option(..., "--format", help="cmd | yaml | compose | systemd | env | json"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="file to write (default: stdout)"),
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    slo: list[str] = typer.Option([], "--slo", help="e.g. 'ttft_p95<=2s' (repeatable; on top of the "
+                                  "scenario's SLOs)"),
+    policy: str = typer.Option("knee", "--policy", help="max-throughput | min-ttft | knee"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    force: bool = typer.Option(False, "--force", help="export even if this machine's GPUs or the model "
+                               "differ from the study's"),
+) -> None:
+    """Export the chosen Pareto config as a deployment artefact, with its certificate."""
+    from autotuner.errors import UserInputError
+    from autotuner.export.exporter import run_export
+
+    try:
+        raise typer.Exit(run_export(storage, study, slo, policy, fmt, output, force))
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def report(
+    output: Path = typer.Option(..., "-o", "--output", help="directory for report.md, report.html, PNGs"),
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+) -> None:
+    """Markdown and HTML report: Pareto front, trials, baseline against winner, memory timeline."""
+    from autotuner.errors import UserInputError
+    from autotuner.export.report import run_report
+
+    try:
+        raise typer.Exit(run_report(storage, study, output))
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+
 def _s(value: object) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
@@ -216,13 +272,10 @@ def _n(value: object) -> str:
 
 def write_json_atomic(path: Path, payload: object) -> None:
     import json
-    import os
-    import tempfile
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
+    from autotuner.export.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def configure_logging() -> None:
