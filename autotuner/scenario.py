@@ -292,6 +292,18 @@ class Scenario(_Model):
     storage: str = "sqlite:///autotuner.db"
     source: Path | None = Field(default=None, exclude=True)
 
+    def sim_gpu(self) -> str:
+        """The simulated GPU: a preset name, or its YAML file resolved against the scenario's folder."""
+        gpu = self.engine.sim.gpu
+        return str(self.resolve(gpu)) if gpu.endswith((".yaml", ".yml")) else gpu
+
+    def tensor_parallel_size(self) -> int:
+        tp = self.engine.flags.get("tensor-parallel-size", 1)
+        return int(tp) if isinstance(tp, int | float | str) and str(tp).isdigit() else 1
+
+    def sim_gpu_count(self) -> int:
+        return self.engine.sim.gpus or self.tensor_parallel_size()
+
     def resolve(self, relative: str) -> Path:
         """A path from the scenario, relative to the scenario file's directory."""
         path = Path(relative).expanduser()

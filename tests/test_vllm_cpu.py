@@ -98,3 +98,41 @@ def test_sigkill_of_measure_leaves_an_orphan_the_next_run_stops(cpu_scenario, tm
     assert "invalid-flags" in again.stdout
     with pytest.raises(ProcessLookupError):
         os.killpg(pgids[0], 0)
+
+
+def test_tune_three_trials_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm_cpu, tmp_path: Path) -> None:
+    path = cpu_scenario()
+    db = tmp_path / "cpu.db"
+    done = subprocess.run([sys.executable, "-m", "autotuner", "tune", str(path), "--trials", "3", "--storage",
+                           str(db)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3/3 trials" in done.stdout
+    exported = tmp_path / "vllm.yaml"
+    done = subprocess.run([sys.executable, "-m", "autotuner", "export", "--storage", str(db), "--format", "yaml",
+                           "-o", str(exported)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    flags = yaml.safe_load(exported.read_text())
+    budget = flags["max-num-batched-tokens"]
+    assert 256 <= budget <= 4096
+    # The exported file is what a deployment runs: vLLM itself must accept it.
+    from autotuner.engine.process import EngineProcess
+    from autotuner.engine.registry import EngineRegistry
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_CACHE_ROOT": str(tmp_path / "vc"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    env.pop("VLLM_PYTHON", None)
+    env.pop("TINY_MODEL", None)
+    server = EngineProcess([vllm_cpu.python, "-m", "vllm.entrypoints.openai.api_server", "--model", vllm_cpu.model,
+                            "--config", str(exported), "--host", "127.0.0.1", "--port", str(port)], env,
+                           tmp_path / "deploy.log", EngineRegistry())
+    server.start()
+    try:
+        ready = asyncio.run(server.wait_ready(f"http://127.0.0.1:{port}", flags.get("served-model-name", "tiny"),
+                                              240))
+        assert ready is None, server.log_tail(40)
+    finally:
+        server.stop(grace_s=10)
+    log = (tmp_path / "deploy.log").read_text()
+    assert f"Chunked prefill is enabled with max_num_batched_tokens={budget}." in log

@@ -67,10 +67,8 @@ def model_fingerprint(scenario: Scenario) -> str:
 
 
 def _sim_inventory(scenario: Scenario) -> list[str]:
-    sim = scenario.engine.sim
-    gpu = load_gpu(str(scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu)
-    count = sim.gpus or int(scenario.engine.flags.get("tensor-parallel-size", 1))  # type: ignore[arg-type]
-    return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * count
+    gpu = load_gpu(scenario.sim_gpu())
+    return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * scenario.sim_gpu_count()
 
 
 class MeasureRunner(TrialRunner):
@@ -123,9 +121,8 @@ class VirtualRunner(TrialRunner):
 
     def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
         sim = self.scenario.engine.sim
-        gpu = str(self.scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu
         argv = [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
-                "--sim-gpu", gpu, "--sim-seed", str(sim.seed)]
+                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed)]
         if sim.gpus:
             argv += ["--sim-gpus", str(sim.gpus)]
         return argv

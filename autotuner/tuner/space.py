@@ -30,17 +30,12 @@ def default_space(scenario: Scenario) -> dict[str, SearchParam]:
     }
 
 
-def tensor_parallel(scenario: Scenario) -> int:
-    tp = scenario.engine.flags.get("tensor-parallel-size", scenario.engine.flags.get("tp", 1))
-    return int(tp) if isinstance(tp, int | float | str) else 1
-
-
 def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> float:
     """GiB per GPU that can be pinned in host RAM (vLLM pins TP × N GiB)."""
     host = host_bytes if host_bytes is not None else psutil.virtual_memory().total
     if scenario.engine.kind in ("sim", "sim-virtual"):
         host = host_bytes if host_bytes is not None else 256 * GIB  # the simulated box's host
-    limit = host * OFFLOAD_HOST_SHARE / tensor_parallel(scenario) / GIB
+    limit = host * OFFLOAD_HOST_SHARE / scenario.tensor_parallel_size() / GIB
     weights = _weights_per_gpu_gib(scenario)
     if weights is not None:  # offloading more than a GPU's share of the weights changes nothing
         limit = min(limit, weights)
@@ -56,7 +51,7 @@ def _weights_per_gpu_gib(scenario: Scenario) -> float | None:
         model = load_model(scenario.engine.model)
     except ModelSpecError:
         return None
-    return model.weight_bytes / tensor_parallel(scenario) / GIB
+    return model.weight_bytes / scenario.tensor_parallel_size() / GIB
 
 
 @dataclass(frozen=True)

@@ -90,9 +90,8 @@ def monitor_for(scenario: Scenario, root_pid: Callable[[], int | None] | None = 
 def ensure_sim_gpus(scenario: Scenario) -> None:
     """The simulated box exists before its first engine starts, so it can be watched (and checked for
     busy GPUs) like a real one."""
-    sim = scenario.engine.sim
-    gpu = load_gpu(str(scenario.resolve(sim.gpu)) if sim.gpu.endswith((".yaml", ".yml")) else sim.gpu)
-    count = sim.gpus or int(scenario.engine.flags.get("tensor-parallel-size", 1))  # type: ignore[arg-type]
+    gpu = load_gpu(scenario.sim_gpu())
+    count = scenario.sim_gpu_count()
     state = state_dir_from_env()
     host = GpuHost(state)
     try:
