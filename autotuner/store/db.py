@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from autotuner.errors import UserInputError
 
@@ -168,7 +168,7 @@ class Store:
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
             kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_S * 4,
-                          failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+                          heartbeat_stale_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
         return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs)
 
     @property
@@ -176,7 +176,8 @@ class Store:
         return self.url.startswith("sqlite")
 
     # --- studies -----------------------------------------------------------------------------------
-    def save_study(self, record: StudyRecord) -> None:
+    def save_study(self, record: StudyRecord) -> bool:
+        """True when this call created the study's row (the first of several workers to arrive)."""
         row = {
             "study_name": record.study_name, "scenario_name": record.scenario_name,
             "model_fingerprint": record.key.model_fingerprint,
@@ -186,11 +187,16 @@ class Store:
             "scenario": json.dumps(record.scenario, default=str), "scenario_path": record.scenario_path,
             "created_at": record.created_at,
         }
-        with self.engine.begin() as conn:
-            exists = conn.execute(sa.select(at_studies.c.study_name).where(
-                at_studies.c.study_name == record.study_name)).first()
-            if exists is None:
+        try:
+            with self.engine.begin() as conn:
+                exists = conn.execute(sa.select(at_studies.c.study_name).where(
+                    at_studies.c.study_name == record.study_name)).first()
+                if exists is not None:
+                    return False
                 conn.execute(at_studies.insert().values(**row))
+        except IntegrityError:
+            return False  # another worker created it between our read and our write
+        return True
 
     def study(self, name: str) -> StudyRecord | None:
         with self.engine.connect() as conn:

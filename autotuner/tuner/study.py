@@ -38,6 +38,7 @@ MAX_FAILED_SHARE = 0.01
 # Stand-in for "as slow as it gets" when no trial was feasible yet (seconds).
 WORST_LATENCY_S = 600.0
 INTERRUPTED = "interrupted"
+SEED_GRACE_S = 60.0
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -160,7 +161,7 @@ class Tuner:
         if stored != self.directions:
             raise UserInputError(f"study {self.study_name} was created with directions {stored}, the scenario "
                                  f"asks for {self.directions}: use another --study name")
-        self.store.save_study(StudyRecord(self.study_name, self.scenario.name, self.key,
+        self._created = self.store.save_study(StudyRecord(self.study_name, self.scenario.name, self.key,
                                           self.scenario.model_dump(mode="json"),
                                           str(self.scenario.source) if self.scenario.source else None,
                                           time.time()))
@@ -212,7 +213,13 @@ class Tuner:
 
     def _seed_trials(self, study: optuna.Study) -> None:
         """Trial 0 is the baseline (vLLM's defaults for this GPU), then the user's current config."""
-        kinds = {t.user_attrs.get("kind") for t in study.get_trials(deepcopy=False)}
+        trials = study.get_trials(deepcopy=False)
+        if not self._created and not self.store.is_sqlite and not trials:
+            # A shared study: the worker that created it seeds it, unless it died doing so long ago.
+            record = self.store.study(self.study_name)
+            if record is not None and time.time() - record.created_at < SEED_GRACE_S:
+                return
+        kinds = {t.user_attrs.get("kind") for t in trials}
         if "baseline" not in kinds:
             gpu_gib, gpu_name = self._gpu()
             study.enqueue_trial(self.space.clamp(vllm_default_flags(self.space, gpu_gib, gpu_name)),
