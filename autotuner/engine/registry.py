@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 HOME_ENV = "AUTOTUNER_HOME"
+START_TIME_SLACK_S = 5.0
 
 
 def autotuner_home() -> Path:
@@ -51,7 +52,9 @@ def group_members(pgid: int, not_before: float | None = None) -> list[int]:
                 continue
         except (ProcessLookupError, PermissionError):
             continue
-        if not_before is not None and proc.info["create_time"] < not_before - 1.0:
+        # psutil's start times rest on the boot time, in whole seconds: allow for that (and for a
+        # loaded machine between the fork and our record of it).
+        if not_before is not None and proc.info["create_time"] < not_before - START_TIME_SLACK_S:
             continue
         members.append(proc.pid)
     return members

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
+import threading
 import time
 import uuid
 import zlib
@@ -42,6 +44,7 @@ LOG_INTERVAL_S = 10.0  # vLLM's periodic stats line, simulated seconds
 # while it fails requests and tears down.
 DEATH_LINGER_S = 0.5
 FINISHED_LOG_SIZE = 10_000
+SHUTDOWN_WATCHDOG_S = 8.0
 
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
@@ -519,8 +522,17 @@ async def _start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
 async def _main(config: EngineConfig, log: VllmLog) -> int:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+
+    def on_signal() -> None:
+        stopping.set()
+        # vLLM's API server exits promptly on SIGTERM; ours must too, even if a worker pipe or an
+        # executor thread hangs the orderly path (seen once under heavy load: the process lingered).
+        watchdog = threading.Timer(SHUTDOWN_WATCHDOG_S, os._exit, args=(0,))
+        watchdog.daemon = True
+        watchdog.start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, on_signal)
 
     state_dir = state_dir_from_env()
     host = GpuHost(state_dir)
