@@ -9,6 +9,17 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """sys.stderr looked up at each write, so that a live terminal view that swaps it in keeps log
+    lines above its panel instead of under it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(verbose: bool = False, json_lines: bool | None = None) -> None:
     if json_lines is None:
         json_lines = not sys.stderr.isatty()
@@ -24,6 +35,6 @@ def configure(verbose: bool = False, json_lines: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -54,14 +55,14 @@ class LiveView:
         self.live.update(self._render())
 
     def _render(self) -> Table:
-        s = self.state
+        s = {k: escape(v) if isinstance(v, str) else v for k, v in self.state.items()}
         elapsed = time.monotonic() - self.started
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
         table.add_row("study", f"{s.get('study', '-')}  ({s.get('sampler', '')})")
-        table.add_row("trial", f"{s['index']} of {s['budget']}  [{s.get('kind', '')}]  phase: {s['phase']}")
-        table.add_row("flags", " ".join(f"{k}={v}" for k, v in s["flags"].items()) or "-")
+        table.add_row("trial", f"{s['index']} of {s['budget']}  ({s.get('kind', '')})  phase: {s['phase']}")
+        table.add_row("flags", escape(" ".join(f"{k}={v}" for k, v in s["flags"].items())) or "-")
         remaining = "-" if self.timeout_s is None else f"{max(0.0, self.timeout_s - elapsed):.0f} s"
         table.add_row("time", f"elapsed {elapsed:.0f} s, remaining budget {remaining}")
         best = s["best"]
