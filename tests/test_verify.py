@@ -3,9 +3,12 @@ endpoint can be wrong, told in words a user can act on."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import subprocess
 import sys
+import threading
 
 from tests.conftest import free_port
 
@@ -56,3 +59,47 @@ def test_bad_url_is_bad_input() -> None:
     done = verify("--base-url", "localhost:8000")
     assert done.returncode == 2
     assert "expected http(s)://HOST[:PORT]" in done.stderr
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    """A misconfigured gateway: lists the model, then answers completions in another API's format."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._json({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path.startswith("/tokenize"):
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = b'data: {"output": "hello"}\n\ndata: [DONE]\n\n'
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_responses_without_choices_are_explained() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        done = verify("--base-url", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert done.returncode == 1
+    assert "without `choices`" in done.stderr
+    assert "does not speak the OpenAI completions format" in done.stderr
