@@ -55,7 +55,8 @@ _CLEAN = re.compile(r"^Value error, | \[type=.*$")
 _KV_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
 _MODEL_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
 _KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_BUDGET = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.")
+_BUDGET = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.|"
+                     r"non-default args: .*'max_num_batched_tokens': (\d+)")
 _VERSION = re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |  version )([\w.+-]+)")
 _PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (?:[\d-]+ [\d:]+ \[[^\]]+\] )?")
 
@@ -89,7 +90,7 @@ class LogFacts:
         if m := _KV_MEMORY.search(text):
             self.available_kv_gib = float(m.group(1))
         if m := _BUDGET.search(text):
-            self.max_num_batched_tokens = int(m.group(1))
+            self.max_num_batched_tokens = int(m.group(1) or m.group(2))
         if self.version is None and (m := _VERSION.search(text)):
             self.version = m.group(1).rstrip(".")
         previous, self._previous = self._previous, text.strip()

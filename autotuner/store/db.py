@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from autotuner.errors import UserInputError
 
+T = TypeVar("T")
 SQLITE_TIMEOUT_S = 60
 HEARTBEAT_S = 30
 metadata = sa.MetaData()
@@ -153,7 +155,7 @@ class Store:
             _sqlite_pragmas(self.engine)
         try:
             if create:
-                metadata.create_all(self.engine)
+                _racing_workers(lambda: metadata.create_all(self.engine))
             else:
                 with self.engine.connect():
                     pass
@@ -169,7 +171,8 @@ class Store:
         if not self.is_sqlite:
             kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_S * 4,
                           heartbeat_stale_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
-        return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs)
+        return _racing_workers(
+            lambda: optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs))
 
     @property
     def is_sqlite(self) -> bool:
@@ -240,6 +243,19 @@ class Store:
             rows = conn.execute(sa.select(at_trials).where(at_trials.c.study_name == study_name)
                                 .order_by(at_trials.c.trial_number)).mappings().all()
         return [_trial(r) for r in rows]
+
+
+def _racing_workers(create: Callable[[], T]) -> T:
+    """Several workers starting on a fresh shared database race to create the same tables and types
+    (PostgreSQL's CREATE TYPE is not idempotent): the loser tries again once the winner is done."""
+    for attempt in range(5):
+        try:
+            return create()
+        except (IntegrityError, ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _study(row: Any) -> StudyRecord:
