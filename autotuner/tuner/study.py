@@ -29,6 +29,7 @@ from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, flag_violation
 from autotuner.tuner.trial import GpusBusyError, TrialResult
+from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,11 @@ MAX_FAILED_SHARE = 0.01
 # Stand-in for "as slow as it gets" when no trial was feasible yet (seconds).
 WORST_LATENCY_S = 600.0
 INTERRUPTED = "interrupted"
+# A candidate the memory wall already rules out: recorded, never launched.
+OOM_PREDICTED = "oom-predicted"
+# Candidates rejected before launch (flag rules, the wall) do not use up the budget of engine runs;
+# this many in a row means the space left has nothing worth launching.
+MAX_FREE_IN_A_ROW = 30
 SEED_GRACE_S = 60.0
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -94,6 +100,8 @@ def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
     out["memory"] = peak - threshold
     if result.outcome == oc.OOM_THRESHOLD:
         out["memory"] = max(out["memory"], 1e-3)
+    elif result.outcome == OOM_PREDICTED:
+        out["memory"] = 1e-3
     elif result.outcome == oc.OOM_CRASH:
         out["memory"] = max(out["memory"], 1.0 - threshold + 0.01)
     elif result.outcome in (oc.STARTUP_FAILED, oc.INVALID_FLAGS, oc.TIMEOUT, oc.CRASH):
@@ -222,8 +230,16 @@ class Tuner:
         kinds = {t.user_attrs.get("kind") for t in trials}
         if "baseline" not in kinds:
             gpu_gib, gpu_name = self._gpu()
-            study.enqueue_trial(self.space.clamp(vllm_default_flags(self.space, gpu_gib, gpu_name)),
-                                user_attrs={"kind": "baseline"})
+            defaults = vllm_default_flags(self.space, gpu_gib, gpu_name)
+            study.enqueue_trial(self.space.clamp(defaults), user_attrs={"kind": "baseline"})
+            # What a person does after the defaults die on long prompts: halve the token budget, twice.
+            # These first probes sit on the safe side of the wall instead of random spots in a space
+            # that is half OOM, and the sampler starts from them.
+            budget = defaults.get("max-num-batched-tokens")
+            for divisor in (2, 4) if isinstance(budget, int) else ():
+                probe = self.space.clamp({**defaults, "max-num-batched-tokens": budget // divisor})
+                if probe != self.space.clamp(defaults):
+                    study.enqueue_trial(probe, user_attrs={"kind": "probe"})
         if self.scenario.current_config and "current" not in kinds:
             study.enqueue_trial(self.space.clamp(self.scenario.current_config), user_attrs={"kind": "current"})
         if self.warm_start and "warm-start" not in kinds:
@@ -268,37 +284,59 @@ class Tuner:
                                   "requeued": requeued})
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         interrupted = False
+        free_in_a_row = 0
+        self._learn_wall(study)
         while not self._stop.is_set():
-            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            done = len(launched_trials(study))
             if done >= self.n_trials:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 log.info("tune.timeout", study=self.study_name)
                 break
-            interrupted = await self._one(study, done)
+            if free_in_a_row >= MAX_FREE_IN_A_ROW:
+                log.warning("tune.space_exhausted", study=self.study_name, rejected_in_a_row=free_in_a_row)
+                break
+            interrupted, launched = await self._one(study, done)
+            free_in_a_row = 0 if launched else free_in_a_row + 1
         return self._summary(study, sampler, interrupted or self._stop.is_set())
 
-    async def _one(self, study: optuna.Study, done: int) -> bool:
+    def _learn_wall(self, study: optuna.Study) -> None:
+        self.wall = MemoryWall()
+        for t in launched_trials(study):
+            if t.user_attrs.get("outcome") in (oc.OOM_THRESHOLD, oc.OOM_CRASH):
+                self.wall.add(t.number, self.space.to_flags(t.params))
+
+    async def _one(self, study: optuna.Study, done: int) -> tuple[bool, bool]:
+        """One candidate; returns (interrupted, launched)."""
         trial = study.ask(self.space.distributions)
         kind = str(trial.user_attrs.get("kind", "search"))
         flags = self.space.to_flags(trial.params)
         started = time.time()
         self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
                                 "flags": flags, "kind": kind})
-        violation = flag_violation({**self.scenario.engine.flags, **flags})
+        merged = {**self.scenario.engine.flags, **flags}
+        violation = flag_violation(merged)
+        wall = self.wall.dominating(flags) if kind == "search" else None
         if violation is not None:
-            result = TrialResult(oc.INVALID_FLAGS, violation, {**self.scenario.engine.flags, **flags}, [])
+            result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])
+        elif wall is not None:
+            result = TrialResult(OOM_PREDICTED, f"not launched: at least as large as trial {wall.trial_number}, "
+                                 "which ran out of memory, in every memory-growing flag", merged, [])
         else:
             beat = asyncio.ensure_future(self._heartbeat(trial))
             try:
                 result = await self._measure(flags)
             except asyncio.CancelledError:
                 self._record_interrupted(study, trial, kind, flags, started)
-                return True
+                return True, True
             finally:
                 beat.cancel()
+        launched = violation is None and wall is None
+        trial.set_user_attr("launched", launched)
         self._tell(study, trial, kind, result, started)
-        return False
+        if launched and result.outcome in (oc.OOM_THRESHOLD, oc.OOM_CRASH):
+            self.wall.add(trial.number, flags)
+        return False, launched
 
     async def _heartbeat(self, trial: optuna.Trial) -> None:
         interval = self._storage.get_heartbeat_interval()
@@ -400,11 +438,19 @@ class Tuner:
                 for t in study.best_trials if t.user_attrs.get("feasible")]
         baseline = next(({"number": t.number, "outcome": t.user_attrs.get("outcome"), "values": t.values}
                          for t in complete if t.user_attrs.get("kind") == "baseline"), None)
-        summary = TuneSummary(self.study_name, len(complete), self.n_trials, ooms, interrupted, best, baseline,
+        summary = TuneSummary(self.study_name, len(launched_trials(study)), self.n_trials, ooms, interrupted, best,
+                              baseline,
                               sampler)
-        log.info("tune.finished", study=self.study_name, trials=len(complete), oom_trials=ooms,
+        log.info("tune.finished", study=self.study_name, trials=summary.trials_done, oom_trials=ooms,
+                 not_launched=len(complete) - summary.trials_done,
                  pareto=len(best), interrupted=interrupted)
         return summary
+
+
+def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Completed trials that ran an engine: what the budget counts."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("launched", True)]
 
 
 def parse_duration(text: str | None) -> float | None:

@@ -21,7 +21,7 @@ from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.store.db import Store
 from autotuner.tuner.runner import VirtualRunner
-from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner
+from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner, launched_trials
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -52,8 +52,10 @@ def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Pa
     assert summary.trials_done == 12 and not summary.interrupted
     study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
     trials = study.get_trials(states=(TrialState.COMPLETE,))
-    assert len(trials) == 12
+    assert len(launched_trials(study)) == 12  # the budget counts engine runs; rejected candidates are extra
     assert trials[0].user_attrs["kind"] == "baseline"
+    assert [t.user_attrs["kind"] for t in trials[1:3]] == ["probe", "probe"]
+    assert [t.params["max-num-batched-tokens"] for t in trials[1:3]] == [1024, 512]
     assert trials[0].params == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.92, "cpu-offload-gb": 0.0}
     # The seed's world: vLLM's defaults die of OOM on long prompts.
     assert trials[0].user_attrs["outcome"] in ("oom-threshold", "oom-crash")
@@ -72,7 +74,7 @@ def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Pa
     # Running again continues the same study to its study-wide budget: nothing more to do.
     again, _ = virtual_tuner(tmp_path, 12)
     assert asyncio.run(again.run()).trials_done == 12
-    assert len(store.trials(tuner.study_name)) == 12
+    assert len(store.trials(tuner.study_name)) == len(trials)
 
 
 def test_flag_rules_are_checked_before_launch(tmp_path: Path) -> None:
