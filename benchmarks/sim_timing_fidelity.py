@@ -46,12 +46,14 @@ from pathlib import Path
 
 import httpx
 
+from autotuner.workload.client import shard_count
+
 MODEL_ARGS = ["llama-2-7b", "--sim-gpu", "h100-80gb", "--gpu-memory-utilization", "0.85"]
 PROMPT_TOKENS = (1000, 3000)
 OUTPUT_TOKENS = 64
 ROUNDS = {8: 4, 64: 1}  # requests per client: 32 requests at 8 streams, 64 at 64
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-CLIENTS = ("httpx", "httpx-per-stream", "raw")
+CLIENTS = ("httpx-sharded", "httpx", "httpx-per-stream", "raw")
 
 
 @dataclass
@@ -200,7 +202,7 @@ async def run_cell(
 ) -> tuple[list[Sample], float, list[float]]:
     """kind: httpx (one AsyncClient for all streams), httpx-per-stream (one AsyncClient, so one pooled
     connection, per stream) or raw (hand-rolled HTTP over one socket per stream)."""
-    raw, per_stream_clients = kind == "raw", kind == "httpx-per-stream"
+    raw, per_stream_clients = kind == "raw", kind in ("httpx-per-stream", "httpx-sharded")
     rng = random.Random(seed)
     per_client = [[make_prompt(rng) for _ in range(ROUNDS.get(concurrency, 1))] for _ in range(concurrency)]
     lags: list[float] = []
@@ -223,7 +225,11 @@ async def run_cell(
             for _, writer in conns:
                 writer.close()
     elif per_stream_clients:
-        clients = [httpx.AsyncClient(timeout=httpx.Timeout(300.0)) for _ in range(concurrency)]
+        # httpx-sharded is what the measurement client does (autotuner.workload.client): one
+        # AsyncClient per STREAMS_PER_CLIENT streams.
+        n = concurrency if kind == "httpx-per-stream" else shard_count(concurrency)
+        shared = [httpx.AsyncClient(timeout=httpx.Timeout(300.0)) for _ in range(n)]
+        clients = [shared[i % n] for i in range(concurrency)]
         try:
             await asyncio.gather(*(one_request(c, url, "warm") for c in clients))
             ticker = asyncio.ensure_future(loop_lag(stop, lags))
@@ -235,7 +241,7 @@ async def run_cell(
             results = await asyncio.gather(*(own_loop(c, p) for c, p in zip(clients, per_client, strict=True)))
             cpu = time.process_time() - cpu0
         finally:
-            for c in clients:
+            for c in shared:
                 await c.aclose()
     else:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -305,9 +311,9 @@ def main() -> None:
     parser.add_argument("--speedups", type=float, nargs="+", default=[20.0, 1.0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS),
-                        help="httpx: one httpx.AsyncClient (the measurement); httpx-per-stream: one "
-                        "AsyncClient per stream; raw: hand-rolled HTTP/1.1 (the two diagnostics tell "
-                        "the client's share of the error)")
+                        help="httpx-sharded: one AsyncClient per 8 streams, as the measurement client "
+                        "does (the headline); httpx: one AsyncClient for all; httpx-per-stream: one per "
+                        "stream; raw: hand-rolled HTTP/1.1 (the diagnostics tell the client's share)")
     args = parser.parse_args()
 
     t_start = time.monotonic()
@@ -350,11 +356,12 @@ def main() -> None:
     print(f"total wall {time.monotonic() - t_start:.1f} s; target: median TTFT error <= 5 %; "
           "the lines below are the largest cell medians")
     for kind in args.clients:
-        if kind != "httpx":
+        if kind != "httpx-sharded":
             worst = max(c["ttft_med"] for k, _, _, c in cells if k == kind)
             print(f"ttft_rel_err_median_{kind.replace('-', '_')}={worst:.4f}")
-    if "httpx" in args.clients:
-        print(f"ttft_rel_err_median={max(c['ttft_med'] for k, _, _, c in cells if k == 'httpx'):.4f}")
+    if "httpx-sharded" in args.clients:
+        worst = max(c["ttft_med"] for k, _, _, c in cells if k == "httpx-sharded")
+        print(f"ttft_rel_err_median={worst:.4f}")
 
 
 if __name__ == "__main__":

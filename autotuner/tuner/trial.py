@@ -29,7 +29,7 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 from autotuner.sim.hardware import load_gpu
 from autotuner.workload import prometheus
-from autotuner.workload.client import StreamingClient, http_client
+from autotuner.workload.client import StreamingClient, http_client, shard_count
 from autotuner.workload.replay import Replayer
 from autotuner.workload.requests import build_requests
 from autotuner.workload.summary import summarize
@@ -245,15 +245,17 @@ def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None
 async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: EngineProcess, result: TrialResult,
                             tripped: asyncio.Event, phase: Phase) -> None:
     api_key = plan.env.get("VLLM_API_KEY")
-    async with http_client() as http:
+    async with http_client() as http, contextlib.AsyncExitStack() as shards:
         time_scale = await _time_scale(http, plan.base_url)
         result.time_scale = time_scale
         spec = scenario.workload.to_spec(scenario.source.parent if scenario.source else None, time_scale)
         phase("warm-up")
         request_set = await build_requests(spec, http, plan.base_url, plan.served_name, api_key)
         result.warnings += request_set.warnings
-        client = StreamingClient(http, plan.base_url, plan.served_name, api_key,
-                                 ignore_eos=spec.ignore_eos, timeout_s=spec.request_timeout_s)
+        extra = [await shards.enter_async_context(http_client())
+                 for _ in range(shard_count(_peak_concurrency(scenario)) - 1)]
+        client = StreamingClient(http, plan.base_url, plan.served_name, api_key, ignore_eos=spec.ignore_eos,
+                                 timeout_s=spec.request_timeout_s, extra=extra)
         before = await _scrape(http, plan.base_url)
         replayer = Replayer(spec, request_set.requests, client)
         stop_poll = asyncio.Event()
@@ -284,6 +286,16 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
     failed = [r for r in replay.results if not r.ok]
     if failed and not result.reason:
         result.reason = f"{len(failed)} request(s) failed, first: {failed[0].error}"
+
+
+def _peak_concurrency(scenario: Scenario) -> int:
+    """Streams the replay may hold open at once (open-loop arrivals: a guess from the request count)."""
+    arrivals = scenario.workload.arrivals
+    if arrivals.kind == "concurrency":
+        return arrivals.concurrency
+    if arrivals.kind == "burst" and arrivals.burst_size:
+        return arrivals.burst_size
+    return min(scenario.workload.requests.count, 64)
 
 
 async def _watch_exit(engine: EngineProcess) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,11 @@ class RequestResult:
         return (self.finished_at - self.first_token_at) / (self.output_tokens - 1)
 
 
+def shard_count(concurrency: int) -> int:
+    """How many AsyncClients a replay at this concurrency needs (see STREAMS_PER_CLIENT)."""
+    return max(1, -(-concurrency // STREAMS_PER_CLIENT))
+
+
 def http_client(max_connections: int = 1024) -> httpx.AsyncClient:
     """An AsyncClient sized for a replay: a pool smaller than the concurrency would queue requests
     inside httpx (it shows up as queue time, but it is not the load that was asked for)."""
@@ -67,10 +73,21 @@ def http_client(max_connections: int = 1024) -> httpx.AsyncClient:
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
 
 
+# Streams per AsyncClient. httpcore's pool rescans every connection on every event, so one client
+# with 64 streams lags ~0.25 s per request on 2 cores (benchmarks/sim_timing_fidelity.py); shards of
+# this size keep the client from being the bottleneck.
+STREAMS_PER_CLIENT = 8
+
+
 class StreamingClient:
+    """Sends requests over one shared AsyncClient, or round-robin over several (`extra` clients),
+    which is how a high-concurrency replay keeps client-side lag out of TTFT."""
+
     def __init__(self, http: httpx.AsyncClient, base_url: str, model: str, api_key: str | None = None, *,
-                 ignore_eos: bool = True, timeout_s: float = 600.0) -> None:
-        self._http = http
+                 ignore_eos: bool = True, timeout_s: float = 600.0,
+                 extra: Sequence[httpx.AsyncClient] = ()) -> None:
+        self._pool = [http, *extra]
+        self._next = 0
         base = base_url.rstrip("/")
         self._urls = (base + "/v1/completions", base + "/v1/chat/completions")
         self.model = model
@@ -124,7 +141,9 @@ class StreamingClient:
                 res.sent_at = time.perf_counter()
 
         res.sent_at = time.perf_counter()
-        async with self._http.stream("POST", self._urls[chat], json=self._body(req), headers=self._headers,
+        http = self._pool[self._next % len(self._pool)]
+        self._next += 1
+        async with http.stream("POST", self._urls[chat], json=self._body(req), headers=self._headers,
                                      timeout=self._timeout, extensions={"trace": trace}) as resp:
             res.status = resp.status_code
             if resp.status_code >= 400:
