@@ -24,6 +24,20 @@ def free_port() -> int:
 
 
 @pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private simulated GPU host with the default release delay, for the GPU-state tests."""
+    from autotuner.sim.gpu_state import RELEASE_DELAY_ENV, STATE_DIR_ENV
+    from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
+
+    d = tmp_path / "gpus"
+    monkeypatch.setenv(STATE_DIR_ENV, str(d))
+    monkeypatch.delenv(RELEASE_DELAY_ENV, raising=False)
+    # Safety net: a worker a failed test leaves behind still goes away on its own.
+    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, "60")
+    return d
+
+
+@pytest.fixture
 def sim_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private simulated GPU host for this test (and for the processes it starts)."""
     state = tmp_path / "gpus"

@@ -9,23 +9,12 @@ import pytest
 
 from autotuner.monitor import NvmlMonitor
 from autotuner.sim import nvml as sim_nvml
-from autotuner.sim.gpu_state import RELEASE_DELAY_ENV, STATE_DIR_ENV, GpuHost, make_gpus
-from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
+from autotuner.sim.gpu_state import GpuHost, make_gpus
 from autotuner.sim.workers import WorkerPool
 
 GIB = 1 << 30
 GPU_NAME = "NVIDIA GeForce RTX 3090"
 GPU_TOTAL = 24 * GIB
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "gpus"
-    monkeypatch.setenv(STATE_DIR_ENV, str(d))
-    monkeypatch.delenv(RELEASE_DELAY_ENV, raising=False)
-    # Safety net: a worker a failed test leaves behind still goes away on its own.
-    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, "60")
-    return d
 
 
 @pytest.fixture

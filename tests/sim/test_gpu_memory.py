@@ -24,7 +24,6 @@ import pytest
 from autotuner.sim import nvml
 from autotuner.sim.gpu_state import (
     HOLDERS_DIR,
-    RELEASE_DELAY_ENV,
     STATE_DIR_ENV,
     GpuHost,
     GpuInventoryConflict,
@@ -51,16 +50,6 @@ pool.start()
 pool.set_bytes([3 << 30, 5 << 30])
 time.sleep(120)
 """
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "gpus"
-    monkeypatch.setenv(STATE_DIR_ENV, str(d))
-    monkeypatch.delenv(RELEASE_DELAY_ENV, raising=False)
-    # Safety net: a worker this test fails to kill still goes away on its own.
-    monkeypatch.setenv(ORPHAN_TIMEOUT_ENV, "60")
-    return d
 
 
 @pytest.fixture
