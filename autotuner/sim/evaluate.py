@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from autotuner.sim.args import EngineConfig
@@ -39,21 +40,44 @@ class SyntheticWorkload:
     seed: int = 0
 
     def requests(self, vocab_size: int) -> list[EvalRequest]:
-        rng = random.Random(self.seed)
         lo, hi = self.prompt_tokens
-        filler = [(7 * k + 3) % vocab_size for k in range(hi)]
-        out: list[EvalRequest] = []
-        t = 0.0
-        for _ in range(self.prompts):
-            n = rng.randint(lo, hi)
-            # A random first block makes every block hash unique: no request flatters another's cache.
-            head = [rng.randrange(vocab_size) for _ in range(min(n, 16))]
-            arrival = None
-            if self.rate:
-                t += rng.expovariate(self.rate)
-                arrival = t
-            out.append(EvalRequest(head + filler[: n - len(head)], self.output_tokens, True, arrival))
-        return out
+        return synthetic_requests(self.prompts, lambda rng: rng.randint(lo, hi), lambda _rng: self.output_tokens,
+                                  seed=self.seed, vocab_size=vocab_size, rate=self.rate)
+
+
+def synthetic_requests(
+    count: int,
+    prompt_len: Callable[[random.Random], int],
+    output_len: Callable[[random.Random], int],
+    *,
+    seed: int,
+    vocab_size: int,
+    rate: float | None = None,
+    burst: tuple[int, float] | None = None,
+    shared_prefix_tokens: int = 0,
+    shared_prefix_fraction: float = 0.0,
+    ignore_eos: bool = True,
+) -> list[EvalRequest]:
+    """Seeded requests for the evaluator: prompts made unique by a random first block (so no request
+    flatters another's prefix cache) unless a share of them opens with a common prefix; arrivals
+    Poisson at `rate`, in bursts of (size, interval), or None (a closed loop sends them)."""
+    rng = random.Random(seed)
+    filler = [(7 * k + 3) % vocab_size for k in range(65536)]
+    shared = [rng.randrange(vocab_size) for _ in range(shared_prefix_tokens)]
+    out: list[EvalRequest] = []
+    t = 0.0
+    for i in range(count):
+        n = prompt_len(rng)
+        head = shared if shared and rng.random() < shared_prefix_fraction else []
+        unique = [rng.randrange(vocab_size) for _ in range(16)]
+        arrival = None
+        if rate:
+            t += rng.expovariate(rate)
+            arrival = t
+        elif burst is not None:
+            arrival = (i // burst[0]) * burst[1]
+        out.append(EvalRequest((head + unique + filler)[:n], output_len(rng), ignore_eos, arrival))
+    return out
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
-from autotuner.sim.evaluate import EvalRequest, evaluate
+from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
 from autotuner.sim.hardware import load_gpu
 from autotuner.sim.models import load_model
 from autotuner.store.db import StudyKey
@@ -134,28 +133,16 @@ class VirtualRunner(TrialRunner):
         if r.kind != "synthetic":
             raise NotImplementedError("the virtual runner takes synthetic workloads; traces need a real engine")
         if vocab_size not in self._requests_cache:
-            rng = random.Random(w.seed)
             prompt = LengthDist(**r.prompt_tokens.model_dump())
             output = LengthDist(**r.output_tokens.model_dump())
-            count = (w.max_requests and min(w.max_requests, r.count)) or r.count
-            filler = [(7 * k + 3) % vocab_size for k in range(65536)]
-            shared = [rng.randrange(vocab_size) for _ in range(r.shared_prefix_tokens)]
-            reqs: list[EvalRequest] = []
-            t = 0.0
             a = w.arrivals
-            for i in range(count):
-                n = prompt.sample(rng)
-                head = shared if shared and rng.random() < r.shared_prefix_fraction else []
-                unique = [rng.randrange(vocab_size) for _ in range(16)]
-                body = (head + unique + filler)[:n] if n > len(head) else head[:n]
-                arrival = None
-                if a.kind == "poisson" and a.rate:
-                    t += rng.expovariate(a.rate)
-                    arrival = t
-                elif a.kind == "burst" and a.burst_size and a.burst_interval_s is not None:
-                    arrival = (i // a.burst_size) * a.burst_interval_s
-                reqs.append(EvalRequest(body, output.sample(rng), w.ignore_eos, arrival))
-            self._requests_cache[vocab_size] = reqs
+            burst = (a.burst_size, a.burst_interval_s) \
+                if a.kind == "burst" and a.burst_size and a.burst_interval_s is not None else None
+            self._requests_cache[vocab_size] = synthetic_requests(
+                (w.max_requests and min(w.max_requests, r.count)) or r.count, prompt.sample, output.sample,
+                seed=w.seed, vocab_size=vocab_size, rate=a.rate if a.kind == "poisson" else None, burst=burst,
+                shared_prefix_tokens=r.shared_prefix_tokens, shared_prefix_fraction=r.shared_prefix_fraction,
+                ignore_eos=w.ignore_eos)
         concurrency = w.arrivals.concurrency if w.arrivals.kind == "concurrency" else None
         return self._requests_cache[vocab_size], concurrency
 

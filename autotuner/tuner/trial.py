@@ -22,7 +22,7 @@ from autotuner.engine import classify as oc
 from autotuner.engine.launch import LaunchPlan, plan_launch
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry
-from autotuner.errors import InfrastructureError, UserInputError
+from autotuner.errors import InfrastructureError
 from autotuner.monitor import MemoryMonitor, MemorySummary, Sampler, Threshold, ThresholdEvent, open_monitor
 from autotuner.monitor.checks import busy_devices, wait_for_release
 from autotuner.scenario import FlagValue, Scenario
@@ -360,12 +360,3 @@ def _redact_argv(argv: list[str]) -> list[str]:
         if part == "--api-key":
             out[i + 1] = "***"
     return out
-
-
-def run_measure(scenario: Scenario, candidate: Mapping[str, FlagValue], log_dir: Path,
-                on_phase: Phase | None = None) -> TrialResult:
-    """Blocking entry point for the CLI."""
-    try:
-        return asyncio.run(measure(scenario, candidate, log_dir=log_dir, on_phase=on_phase))
-    except UserInputError:
-        raise
