@@ -17,6 +17,7 @@ from pathlib import Path
 from autotuner.engine import classify as oc
 from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
+from autotuner.errors import ScenarioError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
@@ -110,6 +111,9 @@ class VirtualRunner(TrialRunner):
     """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
 
     def __init__(self, scenario: Scenario) -> None:
+        if scenario.workload.requests.kind != "synthetic":
+            raise ScenarioError(f"{scenario.source or 'scenario'}: engine.kind sim-virtual takes synthetic "
+                                "workloads only (token counts, no text); replay a trace with kind sim or vllm")
         self.scenario = scenario
         self.threshold = threshold_of(scenario)
         self._requests_cache: dict[int, list[EvalRequest]] = {}
@@ -130,8 +134,6 @@ class VirtualRunner(TrialRunner):
         """The scenario's workload as the evaluator takes it (same seeds → same requests)."""
         w = self.scenario.workload
         r = w.requests
-        if r.kind != "synthetic":
-            raise NotImplementedError("the virtual runner takes synthetic workloads; traces need a real engine")
         if vocab_size not in self._requests_cache:
             prompt = LengthDist(**r.prompt_tokens.model_dump())
             output = LengthDist(**r.output_tokens.model_dump())
