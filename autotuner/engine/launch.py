@@ -108,6 +108,9 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
     env = {**environ, **engine.env}
     env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
     if engine.gpus is not None:
+        # NVML numbers GPUs by PCI bus; CUDA, by default, fastest first. Make them agree, so the
+        # GPUs we watch are the GPUs the engine uses.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, engine.gpus))
     has_key = False
     if engine.api_key_env:
