@@ -18,7 +18,6 @@ STARTUP_FAILED = "startup-failed"
 INVALID_FLAGS = "invalid-flags"
 TIMEOUT = "timeout"
 CRASH = "crash"
-OUTCOMES = (OK, OOM_THRESHOLD, OOM_CRASH, STARTUP_FAILED, INVALID_FLAGS, TIMEOUT, CRASH)
 
 # (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
 # specific failure seen in the whole log wins overall (see _RANK).

@@ -72,7 +72,6 @@ class LaunchPlan:
     served_name: str
     flags: dict[str, FlagValue]  # fixed flags + candidate, as the engine gets them
     gpu_indices: list[int] | None
-    has_api_key: bool = False
 
     @property
     def base_url(self) -> str:
@@ -112,12 +111,10 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
         # GPUs we watch are the GPUs the engine uses.
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, engine.gpus))
-    has_key = False
     if engine.api_key_env:
         key = environ.get(engine.api_key_env)
         if not key:
             raise UserInputError(f"engine.api_key_env names {engine.api_key_env}, which is not set: "
                                  f"export {engine.api_key_env}=... before running")
         env[API_KEY_VAR] = key
-        has_key = True
-    return LaunchPlan(argv, env, port, engine.name, flags, engine.gpus, has_key)
+    return LaunchPlan(argv, env, port, engine.name, flags, engine.gpus)
