@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -47,7 +48,19 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-@app.command()
+def _preflight(sc: object, storage: str | None, log_dir: Path | None, overrides: dict | None = None) -> None:
+    """Checks before anything is launched or written: failures raise PreflightError (exit 2),
+    warnings go to stderr."""
+    from autotuner.preflight import preflight
+
+    report = preflight(sc, storage=storage, log_dir=log_dir, overrides=overrides)  # type: ignore[arg-type]
+    for check in report.warnings:
+        typer.echo(f"warning: {check.line()}", err=True)
+
+
+@app.command(epilog="Exit status: 0 the outcome is ok; 1 any other outcome (OOM, startup failure, "
+             "invalid flags, crash, timeout); 2 bad input or a failed preflight check (nothing launched); "
+             "130 interrupted.")
 def measure(
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: a vLLM long option without dashes; "
@@ -55,7 +68,9 @@ def measure(
     json_out: Path | None = typer.Option(None, "--json", help="also write the result as one JSON object"),
     log_dir: Path | None = typer.Option(None, help="where engine logs go (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
-    """Measure one configuration: start the engine, replay the workload, watch memory, stop, report."""
+    """Measure one configuration: start the engine, replay the workload, watch memory, stop, report.
+
+    Exit status: 0 ok; 1 any other outcome; 2 bad input or a failed preflight check; 130 interrupted."""
     import asyncio
     import signal
 
@@ -73,9 +88,10 @@ def measure(
         overrides = parse_set(set_)
         if json_out is not None and not json_out.parent.is_dir():
             raise UserInputError(f"--json {json_out}: directory {json_out.parent} does not exist")
+        logs = log_dir or autotuner_home() / "logs" / sc.name
+        _preflight(sc, None, logs, overrides)
     except UserInputError as exc:
         raise _fail(exc) from None
-    logs = log_dir or autotuner_home() / "logs" / sc.name
 
     async def main() -> object:
         if sc.engine.kind == "sim-virtual":
@@ -93,12 +109,16 @@ def measure(
         result = asyncio.run(main())
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
+    except FileNotFoundError as exc:  # the command vanished between the preflight and the launch
+        raise _fail(UserInputError(f"engine.command: {exc.filename or exc}: no such file; set engine.command "
+                                   "to the engine's full path")) from None
     except asyncio.CancelledError:
         typer.echo("interrupted: the engine was stopped", err=True)
         raise typer.Exit(130) from None
     print_trial(result)  # type: ignore[arg-type]
     if json_out is not None:
         write_json_atomic(json_out, result.to_dict())  # type: ignore[attr-defined]
+    raise typer.Exit(0 if result.outcome == "ok" else 1)  # type: ignore[attr-defined]
 
 
 @app.command()
@@ -133,7 +153,10 @@ def verify(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
-@app.command()
+@app.command(epilog="Exit status: 0 the trial budget or the time budget ran out (or the space was "
+             "exhausted); 1 stopped by the circuit breaker (machine faults, e.g. a broken driver or a missing "
+             "model; the reason is printed); 2 bad input or a failed preflight check (nothing launched, nothing "
+             "written); 130 interrupted (SIGINT/SIGTERM; run the same command again to resume).")
 def tune(
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     trials: int | None = typer.Option(None, "--trials", help="study-wide number of completed trials"),
@@ -145,7 +168,10 @@ def tune(
     warm_start: str | None = typer.Option(None, "--warm-start", help="start from this study's best configs "
                                           "(e.g. the study of the model you just replaced)"),
 ) -> None:
-    """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite."""
+    """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
+
+    Exit status: 0 budget or time ran out; 1 stopped by the circuit breaker; 2 bad input or a failed
+    preflight check; 130 interrupted."""
     import asyncio
     import signal
     import sys
@@ -165,8 +191,9 @@ def tune(
         if trials is not None and trials < 1:
             raise UserInputError("--trials must be ≥ 1")
         timeout_s = parse_duration(timeout) if timeout is not None else None
-        store = Store(storage or sc.storage)
         logs = log_dir or autotuner_home() / "logs" / sc.name
+        _preflight(sc, storage or sc.storage, logs)
+        store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
         view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
@@ -189,21 +216,71 @@ def tune(
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
     _print_summary(summary)
+    raise typer.Exit(summary.exit_code)  # type: ignore[attr-defined]
 
 
-def _print_summary(summary: object) -> None:
-    s = summary  # TuneSummary
-    state = "interrupted" if s.interrupted else "done"  # type: ignore[attr-defined]
-    typer.echo(f"study {s.study_name}: {state}, {s.trials_done}/{s.trials_budget} trials, "  # type: ignore[attr-defined]
-               f"{s.oom_trials} hit OOM, sampler {s.sampler}")  # type: ignore[attr-defined]
-    if s.baseline is not None:  # type: ignore[attr-defined]
-        typer.echo(f"baseline (vLLM defaults): trial {s.baseline['number']}, {s.baseline['outcome']}")  # type: ignore[attr-defined]
-    for best in s.best[:10]:  # type: ignore[attr-defined]
+def _print_summary(s: Any) -> None:  # a TuneSummary
+    if s.interrupted:
+        state = "interrupted"
+    elif s.stopped_reason is not None:
+        state = f"stopped: {s.stopped_reason}"
+    else:
+        state = {"timeout": "done (time budget ran out)",
+                 "space-exhausted": "done (no candidate left worth launching)"}.get(s.ended, "done")
+    typer.echo(f"study {s.study_name}: {state}, {s.trials_done}/{s.trials_budget} trials, "
+               f"{s.oom_trials} hit OOM, sampler {s.sampler}")
+    if s.baseline is not None:
+        typer.echo(f"baseline (vLLM defaults): trial {s.baseline['number']}, {s.baseline['outcome']}")
+    for best in s.best[:10]:
         values = ", ".join(f"{v:.4g}" for v in best["values"])
         params = " ".join(f"{k}={v}" for k, v in best["params"].items())
         typer.echo(f"pareto: trial {best['number']}: [{values}] {params}")
-    typer.echo(f"next: autotuner export --study {s.study_name} --format yaml   |   "  # type: ignore[attr-defined]
-               f"autotuner report --study {s.study_name} -o report/")  # type: ignore[attr-defined]
+    if s.best:
+        typer.echo(f"next: autotuner export --study {s.study_name} --format yaml   |   "
+                   f"autotuner report --study {s.study_name} -o report/")
+    elif s.stopped_reason is not None or s.interrupted:
+        typer.echo("no feasible configuration yet: fix the cause and run the same command again to resume",
+                   err=True)
+    else:
+        typer.echo(f"no feasible configuration found: autotuner report --study {s.study_name} -o report/ "
+                   "shows why each trial failed", err=True)
+
+
+@app.command(epilog="Exit status: 0 every check ok; 1 warnings only; 2 a check failed (tune and measure "
+             "would refuse to start).")
+def doctor(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    storage: str | None = typer.Option(None, "--storage", help="SQLite path or SQLAlchemy URL (default: the "
+                                       "scenario's)"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Check what a run of SCENARIO needs, without launching or writing anything: the engine command and
+    its vLLM version, the model, GPUs and their foreign memory, flags, workload vs context, storage,
+    log disk, host RAM, proxy variables. Exit 0 all ok, 1 warnings only, 2 something failed."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from autotuner.engine.registry import autotuner_home
+    from autotuner.errors import UserInputError
+    from autotuner.preflight import run_checks
+    from autotuner.scenario import load_scenario
+
+    try:
+        sc = load_scenario(scenario)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    report = run_checks(sc, storage=storage or sc.storage,
+                        log_dir=log_dir or autotuner_home() / "logs" / sc.name)
+    table = Table(title=f"autotuner doctor {scenario}", show_lines=False)
+    for column in ("check", "status", "detail", "fix"):
+        table.add_column(column, overflow="fold")
+    style = {"ok": "green", "warning": "yellow", "failed": "bold red"}
+    for check in report.checks:
+        table.add_row(check.name, Text(check.status, style=style[check.status]), Text(check.detail),
+                      Text(check.fix or ""))
+    Console(width=max(Console().width, 160)).print(table)
+    raise typer.Exit(report.exit_code)
 
 
 DEFAULT_STORAGE = "sqlite:///autotuner.db"

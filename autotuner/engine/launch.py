@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import RESERVED_FLAGS, FlagValue, Scenario
+from autotuner.vllm import VllmKnowledge, knowledge_for
 
 API_KEY_VAR = "VLLM_API_KEY"
 REDACTED = "***"
@@ -34,15 +35,21 @@ def flag_argv(flags: Mapping[str, FlagValue]) -> list[str]:
     return argv
 
 
-def parse_set(items: list[str]) -> dict[str, FlagValue]:
-    """`--set NAME=VALUE` items: NAME a vLLM long option without dashes; true/false for booleans."""
+def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, FlagValue]:
+    """`--set NAME=VALUE` items: NAME a vLLM long option without dashes; true/false for booleans. A flag
+    vLLM's table knows gets its type (`abc` for an integer flag is bad input, before any launch)."""
+    vllm = vllm or knowledge_for(None)
     out: dict[str, FlagValue] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip().removeprefix("--").replace("_", "-")
         if not sep or not name:
             raise UserInputError(f"--set {item!r}: expected NAME=VALUE, e.g. --set max-num-batched-tokens=1024")
-        out[name] = _parse_value(raw.strip())
+        if name in RESERVED_FLAGS:
+            raise UserInputError(f"--set {item!r}: --{name} is set by the tuner; use the scenario's engine.model, "
+                                 "engine.served_model_name or engine.api_key_env")
+        spec = vllm.spec(name)
+        out[name] = spec.coerce(raw.strip(), f"--set {item}") if spec is not None else _parse_value(raw.strip())
     return out
 
 

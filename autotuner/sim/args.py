@@ -16,20 +16,14 @@ import yaml
 from autotuner.errors import HardwareSpecError, ModelSpecError
 from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
 from autotuner.sim.models import ModelSpec, load_model
+from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, VllmRuleError, knowledge_for
 
-VLLM_VERSION = "0.32.0"
+VLLM_VERSION = SIMULATED_VERSION
 # Fast enough that a trial takes seconds, slow enough that the server keeps pace with its scaled
 # clock on 2 cores (benchmarks/sim_timing_fidelity.py; at 30 the wall overhead per step shows).
 DEFAULT_SPEEDUP = 10.0
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-
-# Real vLLM flags the simulator accepts and ignores, so that configs written for vLLM run unchanged.
-_ACCEPTED_VALUE_FLAGS = (
-    "--dtype", "--seed", "--tokenizer", "--download-dir", "--load-format", "--swap-space",
-    "--uvicorn-log-level", "--distributed-executor-backend", "--generation-config",
-    "--shutdown-timeout", "--quantization", "--revision",
-)  # fmt: skip
-_ACCEPTED_BARE_FLAGS = ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats")
+# The vLLM version whose flags, defaults and rules the simulator follows.
+VLLM = knowledge_for(SIMULATED_VERSION)
 
 
 class VllmArgError(Exception):
@@ -94,7 +88,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """The vLLM flags the simulator models, and its own `--sim-*` flags."""
+    """vLLM's flags (from the one table of vLLM knowledge) and the simulator's own `--sim-*` flags.
+    Defaults stay unset here: vLLM's defaults depend on the GPU and are applied in `build_config`."""
     parser.add_argument("model_tag", nargs="?", help="preset name or directory with config.json")
     parser.add_argument("--model", dest="model_flag", help="same as the positional MODEL")
     parser.add_argument("--config", help="YAML file of long option names; the command line wins")
@@ -102,21 +97,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+")
     parser.add_argument("--api-key")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-batched-tokens", type=int)
-    parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    parser.add_argument("--cpu-offload-gb", type=float, default=0.0)
-    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--block-size", type=int)
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
-    for flag in _ACCEPTED_VALUE_FLAGS:
-        parser.add_argument(flag, help=argparse.SUPPRESS)
-    for flag in _ACCEPTED_BARE_FLAGS:
-        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for spec in VLLM.flags.values():
+        names = [f"--{spec.name}", "-tp"] if spec.name == "tensor-parallel-size" else [f"--{spec.name}"]
+        shown = spec.help if spec.modeled else argparse.SUPPRESS  # accepted and ignored
+        if spec.kind == "bool":
+            parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=shown)
+        elif spec.kind == "list":
+            parser.add_argument(*names, nargs="+", help=shown)
+        else:
+            parser.add_argument(*names, type=spec.parser, choices=spec.choices, help=shown)
     sim = parser.add_argument_group("simulator")
     sim.add_argument("--sim-gpu", default="rtx-3090", help="a GPU preset or a YAML file describing one")
     sim.add_argument("--sim-gpus", type=int, help="GPUs in the simulated box (default: the TP size)")
@@ -172,29 +161,14 @@ def parse_args(
     return ns
 
 
-def _validation(cls: str, field_name: str, text: str, kind: str, value: object) -> VllmArgError:
-    return VllmArgError(
-        f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {cls}\n{field_name}\n"
-        f"  {text} [type={kind}, input_value={value!r}, input_type={type(value).__name__}]",
-        1,
-    )
-
-
-def _value_error(cls: str, text: str) -> VllmArgError:
-    return VllmArgError(
-        f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {cls}\n"
-        f"  Value error, {text} [type=value_error]",
-        1,
-    )
-
-
-def _default_limits(gpu: GpuSpec) -> tuple[int, int]:
-    """vLLM 0.32's `vllm serve` defaults for (max_num_batched_tokens, max_num_seqs) by GPU memory."""
-    if gpu.memory_gib >= 160:
-        return 16384, 1024
-    if gpu.memory_gib >= 70 and "A100" not in gpu.product_name:
-        return 8192, 1024
-    return 2048, 256
+def _flags(ns: argparse.Namespace) -> dict[str, object]:
+    """The vLLM flags given on the command line, by long option name (unset ones left out)."""
+    out = {}
+    for name in VLLM.flags:
+        value = getattr(ns, name.replace("-", "_"), None)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> EngineConfig:
@@ -208,104 +182,42 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
     except ModelSpecError as exc:
         raise VllmArgError(f"OSError: {exc}", 1) from exc
     gpu = load_gpu(ns.sim_gpu)
-    tp = ns.tensor_parallel_size
-    num_gpus = ns.sim_gpus if ns.sim_gpus is not None else tp
-    if tp < 1:
-        raise _validation("ParallelConfig", "tensor_parallel_size", "Input should be greater than 0",
-                          "greater_than", tp)
+    flags = _flags(ns)
+    tp = int(flags.get("tensor-parallel-size", 1))  # type: ignore[call-overload]
+    num_gpus = ns.sim_gpus if ns.sim_gpus is not None else max(tp, 1)
     if num_gpus < 1 or ns.sim_speedup <= 0:
         raise HardwareSpecError("--sim-gpus must be ≥ 1 and --sim-speedup > 0")
-    if model.num_heads % tp:
-        raise VllmArgError(
-            f"ValueError: Total number of attention heads ({model.num_heads}) must be divisible by "
-            f"tensor parallel size ({tp}).",
-            1,
-        )
     gpu_indices = _visible_gpus(env, num_gpus)
-    if tp > len(gpu_indices):
-        raise VllmArgError(
-            f"ValueError: World size ({tp}) is larger than the number of available GPUs "
-            f"({len(gpu_indices)}) in this node. If this is intentional and you are using: "
-            "- ray, set '--distributed-executor-backend ray'.",
-            1,
-        )
-    util = ns.gpu_memory_utilization
-    if util > 1:
-        raise _validation("CacheConfig", "gpu_memory_utilization", "Input should be less than or equal to 1",
-                          "less_than_equal", util)
-    if util <= 0:
-        raise _validation("CacheConfig", "gpu_memory_utilization", "Input should be greater than 0",
-                          "greater_than", util)
-    if ns.cpu_offload_gb < 0:
-        raise _validation("CacheConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
-                          "greater_than_equal", ns.cpu_offload_gb)
-    block_size = ns.block_size if ns.block_size is not None else 16
-    if block_size not in BLOCK_SIZES:
-        raise _validation("CacheConfig", "block_size", "Input should be 1, 8, 16, 32, 64 or 128",
-                          "literal_error", block_size)
-
-    derived = model.derived_max_model_len
-    max_model_len = ns.max_model_len if ns.max_model_len is not None else derived
-    if max_model_len > derived and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true", "True"):
-        raise _value_error(
-            "ModelConfig",
-            f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
-            f"(max_position_embeddings={model.max_position_embeddings} or model_max_length=None in "
-            "model's config.json). To allow overriding this maximum, set the env var "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme "
-            "caution. If the model uses relative position encoding (RoPE), positions exceeding "
-            "derived_max_model_len lead to nan. If the model uses absolute position encoding, "
-            "positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error.",
-        )
-    if max_model_len < 1:
-        raise _validation("ModelConfig", "max_model_len", "Input should be greater than 0",
-                          "greater_than", max_model_len)
-
-    chunked = True if ns.enable_chunked_prefill is None else ns.enable_chunked_prefill
-    default_tokens, default_seqs = _default_limits(gpu)
-    if ns.max_num_batched_tokens is not None:
-        budget = ns.max_num_batched_tokens
-    else:
-        budget = default_tokens if chunked else max(max_model_len, default_tokens)
-    seqs = ns.max_num_seqs if ns.max_num_seqs is not None else min(default_seqs, budget)
-    if budget < 1 or seqs < 1:
-        raise _validation("SchedulerConfig", "max_num_batched_tokens" if budget < 1 else "max_num_seqs",
-                          "Input should be greater than 0", "greater_than", min(budget, seqs))
-    if not chunked and budget < max_model_len:
-        raise _value_error(
-            "SchedulerConfig",
-            f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). "
-            "This effectively limits the maximum sequence length to max_num_batched_tokens and makes "
-            "vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
-            "max_model_len.",
-        )
-    if budget < seqs:
-        raise _value_error(
-            "SchedulerConfig",
-            f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
-        )
+    platform = Platform(gpu.product_name, gpu.memory_gib, len(gpu_indices))
+    limits = ModelLimits(model.num_heads, model.max_position_embeddings, model.derived_max_model_len)
+    try:
+        serve = VLLM.resolve(flags, platform, limits, env)  # type: ignore[arg-type]
+    except VllmRuleError as exc:
+        raise VllmArgError(exc.vllm_message(), 1) from None
+    assert serve.max_model_len is not None and serve.max_num_batched_tokens is not None
+    assert serve.max_num_seqs is not None
 
     api_key = ns.api_key or env.get("VLLM_API_KEY") or None
     return EngineConfig(
         model=model,
         model_arg=model_arg,
         served_model_names=tuple(ns.served_model_name or [model_arg]),
-        tensor_parallel_size=tp,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=budget,
-        max_num_seqs=seqs,
-        gpu_memory_utilization=util,
-        cpu_offload_gb=ns.cpu_offload_gb,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=True if ns.enable_prefix_caching is None else ns.enable_prefix_caching,
-        block_size=block_size,
-        enforce_eager=ns.enforce_eager,
-        kv_cache_dtype=ns.kv_cache_dtype,
+        tensor_parallel_size=serve.tensor_parallel_size,
+        max_model_len=serve.max_model_len,
+        max_num_batched_tokens=serve.max_num_batched_tokens,
+        max_num_seqs=serve.max_num_seqs,
+        gpu_memory_utilization=serve.gpu_memory_utilization,
+        cpu_offload_gb=serve.cpu_offload_gb,
+        enable_chunked_prefill=serve.enable_chunked_prefill,
+        enable_prefix_caching=serve.enable_prefix_caching,
+        block_size=serve.block_size,
+        enforce_eager=bool(ns.enforce_eager),
+        kv_cache_dtype=ns.kv_cache_dtype or "auto",
         sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed),
         host=ns.host,
         port=ns.port,
         api_key=api_key,
-        gpu_indices=tuple(gpu_indices[:tp]),
+        gpu_indices=tuple(gpu_indices[:serve.tensor_parallel_size]),
     )
 
 

@@ -1,11 +1,13 @@
 """The search space: scenario parameters ↔ Optuna distributions ↔ vLLM flags, and the flag rules vLLM
-would reject, checked before anything is launched."""
+would reject (from autotuner.vllm), checked before anything is launched."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -13,6 +15,7 @@ import psutil
 
 from autotuner.errors import ScenarioError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
+from autotuner.vllm import ModelLimits, Platform, knowledge_for
 
 GIB = 1 << 30
 # Pinned host RAM the offload range may use, as a share of the host's total (the rest keeps the OS,
@@ -20,6 +23,8 @@ GIB = 1 << 30
 OFFLOAD_HOST_SHARE = 0.5
 UTIL_LOW, UTIL_HIGH = 0.70, 0.97
 UTIL_THRESHOLD_MARGIN = 0.02
+# HostMonitor's device names: a study of an engine on the CPU backend.
+_HOST_DEVICES = ("engine process tree RSS", "host RAM used")
 
 
 def default_space(scenario: Scenario) -> dict[str, SearchParam]:
@@ -140,33 +145,55 @@ def build_space(scenario: Scenario, host_bytes: int | None = None) -> Space:
     return Space(resolved, dists)
 
 
-# vLLM 0.32 defaults the rules need when a flag is not given (facts note §2).
-def _budget(flags: Mapping[str, FlagValue], chunked: bool, max_model_len: int | None) -> int | None:
-    value = flags.get("max-num-batched-tokens")
-    if value is not None:
-        return int(value)  # type: ignore[arg-type]
-    if not chunked and max_model_len is not None:
-        return max(max_model_len, 2048)
-    return None
+class FlagRules:
+    """vLLM's startup rules and defaults (autotuner.vllm, for the engine's version) on the platform the
+    study runs on: what `vllm serve` would refuse, checked before a launch."""
+
+    def __init__(self, scenario: Scenario, inventory: Sequence[str], engine_version: str | None) -> None:
+        self.vllm = knowledge_for(engine_version)
+        self.platform = platform_of(inventory)
+        self.model = model_limits(scenario)
+        self.env = {**os.environ, **scenario.engine.env}
+
+    def violation(self, flags: Mapping[str, FlagValue]) -> str | None:
+        return self.vllm.violation(flags, self.platform, self.model, self.env)
+
+    def defaults(self) -> dict[str, FlagValue]:
+        """The baseline: vLLM's own values for the searched flags on this platform (a 24 GiB card's
+        when the platform is unknown)."""
+        return self.vllm.default_flags(self.platform or Platform("unknown", 24.0))
 
 
-def flag_violation(flags: Mapping[str, FlagValue]) -> str | None:
-    """The rules vLLM enforces at startup that we can check without launching (same wording)."""
-    chunked = flags.get("enable-chunked-prefill", True) is not False
-    max_len = flags.get("max-model-len")
-    max_model_len = int(max_len) if isinstance(max_len, int | float | str) and str(max_len).isdigit() else None
-    budget = _budget(flags, chunked, max_model_len)
-    seqs = flags.get("max-num-seqs")
-    if budget is not None and seqs is not None and budget < int(seqs):  # type: ignore[arg-type]
-        return f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs})."
-    if not chunked and budget is not None and max_model_len is not None and budget < max_model_len:
-        return (f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). This "
-                "effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM "
-                "reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
-    util = flags.get("gpu-memory-utilization")
-    if util is not None and not 0 < float(util) <= 1:  # type: ignore[arg-type]
-        return f"gpu_memory_utilization: Input should be greater than 0 and at most 1, got {util}"
-    offload = flags.get("cpu-offload-gb")
-    if offload is not None and float(offload) < 0:  # type: ignore[arg-type]
-        return f"cpu_offload_gb: Input should be greater than or equal to 0, got {offload}"
-    return None
+def platform_of(inventory: Sequence[str]) -> Platform | None:
+    """From a study key's GPU inventory (`NVIDIA GeForce RTX 3090 (23.69 GiB)` once per GPU); the CPU
+    backend when the monitor watched host memory."""
+    if not inventory:
+        return None
+    name, _, rest = inventory[0].partition(" (")
+    if name in _HOST_DEVICES:
+        return Platform("cpu", 0.0, None)
+    try:
+        gib = float(rest.split(" ")[0])
+    except ValueError:
+        return None
+    return Platform(name, gib, len(inventory))
+
+
+def model_limits(scenario: Scenario) -> ModelLimits | None:
+    """The model's heads and context from a simulator preset or a local config.json; None for a hub
+    name (its rules are then vLLM's to check)."""
+    from autotuner.errors import ModelSpecError
+    from autotuner.sim.models import load_model
+
+    model = scenario.engine.model
+    if scenario.engine.kind == "vllm" and not Path(model).is_dir():
+        return None
+    try:
+        spec = load_model(model)
+    except ModelSpecError:
+        return None
+    if scenario.engine.kind == "vllm":
+        # vLLM derives the context from more than config.json (tokenizer limits, rope variants): judge
+        # only what config.json says for certain.
+        return ModelLimits(spec.num_heads, None, None)
+    return ModelLimits(spec.num_heads, spec.max_position_embeddings, spec.derived_max_model_len)

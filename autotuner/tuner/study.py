@@ -26,8 +26,9 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.runner import TrialRunner
-from autotuner.tuner.space import Space, build_space, flag_violation
+from autotuner.tuner.space import FlagRules, build_space
 from autotuner.tuner.trial import GpusBusyError, TrialResult
 from autotuner.tuner.wall import MemoryWall
 
@@ -55,10 +56,20 @@ class TuneSummary:
     trials_done: int
     trials_budget: int
     oom_trials: int
-    interrupted: bool
-    best: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool  # SIGINT/SIGTERM only
+    best: list[dict[str, Any]] = field(default_factory=list)  # feasible Pareto trials
     baseline: dict[str, Any] | None = None
     sampler: str = ""
+    stopped_reason: str | None = None  # the circuit breaker stopped the run, and why
+    ended: str = "budget"  # budget | timeout | space-exhausted | interrupted | stopped
+
+    @property
+    def exit_code(self) -> int:
+        """`tune`'s exit status: 0 when the budget or the time ran out, 1 when the breaker stopped the
+        run, 130 when it was interrupted."""
+        if self.interrupted:
+            return 130
+        return 1 if self.stopped_reason is not None else 0
 
 
 def study_name_for(scenario: Scenario, key_digest: str) -> str:
@@ -76,20 +87,6 @@ def make_sampler(seed: int, n_trials: int) -> tuple[optuna.samplers.BaseSampler,
                                              constant_liar=True)
         return sampler, f"TPESampler(multivariate, seed={seed}) — install autotuner[gp] for GPSampler"
     return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup), f"GPSampler(seed={seed})"
-
-
-def vllm_default_flags(space: Space, gpu_memory_gib: float, gpu_name: str) -> dict[str, FlagValue]:
-    """vLLM 0.32's defaults for the searched flags on this GPU (facts note §2)."""
-    if gpu_memory_gib >= 160:
-        budget = 16384
-    elif gpu_memory_gib >= 70 and "A100" not in gpu_name:
-        budget = 8192
-    else:
-        budget = 2048
-    defaults: dict[str, FlagValue] = {"max-num-batched-tokens": budget, "gpu-memory-utilization": 0.92,
-                                      "cpu-offload-gb": 0.0, "enable-chunked-prefill": True,
-                                      "enable-prefix-caching": True, "max-num-seqs": 256 if budget == 2048 else 1024}
-    return {k: v for k, v in defaults.items() if k in space.distributions}
 
 
 def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
@@ -138,13 +135,17 @@ class Tuner:
         self.on_event = on_event or (lambda _k, _d: None)
         self.objectives = [o.metric for o in scenario.objectives]
         self.directions = [o.direction for o in scenario.objectives]
+        self.rules = FlagRules(scenario, self.key.gpu_inventory, self.key.engine_version)
+        self.breaker = CircuitBreaker()
         self._stop = asyncio.Event()
+        self._signalled = False
         self._current: asyncio.Task[TrialResult] | None = None
         self._lock_fd: int | None = None
 
     # --- control -------------------------------------------------------------------------------------
     def request_stop(self) -> None:
         """SIGINT/SIGTERM: stop the engine of the trial in flight and end the run."""
+        self._signalled = True
         self._stop.set()
         if self._current is not None:
             self._current.cancel()
@@ -229,8 +230,7 @@ class Tuner:
                 return
         kinds = {t.user_attrs.get("kind") for t in trials}
         if "baseline" not in kinds:
-            gpu_gib, gpu_name = self._gpu()
-            defaults = vllm_default_flags(self.space, gpu_gib, gpu_name)
+            defaults = {k: v for k, v in self.rules.defaults().items() if k in self.space.distributions}
             study.enqueue_trial(self.space.clamp(defaults), user_attrs={"kind": "baseline"})
             # What a person does after the defaults die on long prompts: halve the token budget, twice.
             # These first probes sit on the safe side of the wall instead of random spots in a space
@@ -257,15 +257,6 @@ class Tuner:
             raise UserInputError(f"--warm-start {name}: no such study in {self.store.url}") from None
         return [dict(t.params) for t in old.best_trials if t.user_attrs.get("feasible")][:8]
 
-    def _gpu(self) -> tuple[float, str]:
-        first = self.key.gpu_inventory[0] if self.key.gpu_inventory else ""
-        name, _, rest = first.partition(" (")
-        try:
-            gib = float(rest.split(" ")[0])
-        except ValueError:
-            gib = 24.0
-        return gib, name
-
     # --- the loop ------------------------------------------------------------------------------------
     async def run(self) -> TuneSummary:
         self._lock()
@@ -283,8 +274,8 @@ class Tuner:
         self.on_event("started", {"study": self.study_name, "sampler": sampler, "budget": self.n_trials,
                                   "requeued": requeued})
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        interrupted = False
         free_in_a_row = 0
+        ended = "budget"
         self._learn_wall(study)
         while not self._stop.is_set():
             done = len(launched_trials(study))
@@ -292,13 +283,23 @@ class Tuner:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 log.info("tune.timeout", study=self.study_name)
+                ended = "timeout"
                 break
             if free_in_a_row >= MAX_FREE_IN_A_ROW:
                 log.warning("tune.space_exhausted", study=self.study_name, rejected_in_a_row=free_in_a_row)
+                ended = "space-exhausted"
+                break
+            if self.breaker.tripped is not None:
+                log.error("tune.stopped", study=self.study_name, reason=self.breaker.tripped)
+                ended = "stopped"
                 break
             interrupted, launched = await self._one(study, done)
+            if interrupted:
+                break
             free_in_a_row = 0 if launched else free_in_a_row + 1
-        return self._summary(study, sampler, interrupted or self._stop.is_set())
+        if self._signalled or self._stop.is_set():
+            ended = "interrupted"
+        return self._summary(study, sampler, ended)
 
     def _learn_wall(self, study: optuna.Study) -> None:
         self.wall = MemoryWall()
@@ -315,7 +316,7 @@ class Tuner:
         self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
                                 "flags": flags, "kind": kind})
         merged = {**self.scenario.engine.flags, **flags}
-        violation = flag_violation(merged)
+        violation = self.rules.violation(merged)
         wall = self.wall.dominating(flags) if kind == "search" else None
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])
@@ -334,6 +335,10 @@ class Tuner:
         launched = violation is None and wall is None
         trial.set_user_attr("launched", launched)
         self._tell(study, trial, kind, result, started)
+        if launched:
+            tripped = self.breaker.record(result.infrastructure, result.reason)
+            if tripped is not None:
+                self.on_event("stopped", {"reason": tripped})
         if launched and result.outcome in (oc.OOM_THRESHOLD, oc.OOM_CRASH):
             self.wall.add(trial.number, flags)
         return False, launched
@@ -357,6 +362,13 @@ class Tuner:
                                      {**self.scenario.engine.flags, **flags}, [], infrastructure=True)
             finally:
                 self._current = None
+            machine = None if result.infrastructure else _machine_fault(result)
+            if machine is not None:
+                # Not the candidate's fault, and no retry would change it: a FAIL trial for the breaker.
+                result.infrastructure = True
+                result.reason = f"{result.reason}: {machine}" if result.reason and machine not in result.reason \
+                    else machine
+                return result
             if not result.infrastructure or attempt == 2:
                 return result
             log.warning("trial.infrastructure_retry", reason=result.reason)
@@ -431,20 +443,30 @@ class Tuner:
         self._save(trial.number, kind, result, "FAIL", started)
         self.on_event("finished", {"number": trial.number, "outcome": INTERRUPTED, "state": "FAIL"})
 
-    def _summary(self, study: optuna.Study, sampler: str, interrupted: bool) -> TuneSummary:
+    def _summary(self, study: optuna.Study, sampler: str, ended: str) -> TuneSummary:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         ooms = sum(1 for t in complete if t.user_attrs.get("outcome") in (oc.OOM_THRESHOLD, oc.OOM_CRASH))
         best = [{"number": t.number, "values": t.values, "params": self.space.to_flags(t.params)}
                 for t in study.best_trials if t.user_attrs.get("feasible")]
         baseline = next(({"number": t.number, "outcome": t.user_attrs.get("outcome"), "values": t.values}
                          for t in complete if t.user_attrs.get("kind") == "baseline"), None)
-        summary = TuneSummary(self.study_name, len(launched_trials(study)), self.n_trials, ooms, interrupted, best,
-                              baseline,
-                              sampler)
+        summary = TuneSummary(self.study_name, len(launched_trials(study)), self.n_trials, ooms,
+                              ended == "interrupted", best, baseline, sampler,
+                              self.breaker.tripped if ended == "stopped" else None, ended)
         log.info("tune.finished", study=self.study_name, trials=summary.trials_done, oom_trials=ooms,
                  not_launched=len(complete) - summary.trials_done,
-                 pareto=len(best), interrupted=interrupted)
+                 pareto=len(best), ended=ended, stopped_reason=summary.stopped_reason)
         return summary
+
+
+def _machine_fault(result: TrialResult) -> str | None:
+    """The machine's fault in a failed engine start or run (see breaker.py), or None when the
+    candidate may be to blame. Memory failures are always the candidate's."""
+    if result.outcome not in (oc.CRASH, oc.STARTUP_FAILED, oc.TIMEOUT):
+        return None
+    if "memory" in (result.reason or "").lower():
+        return None
+    return machine_fault_reason(result.reason, result.log_tail)
 
 
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

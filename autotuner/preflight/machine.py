@@ -1,0 +1,147 @@
+"""The machine: GPUs through the memory monitor, the storage, the log directory's disk, host RAM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import psutil
+
+from autotuner.errors import UserInputError
+from autotuner.preflight.report import Check
+from autotuner.scenario import Scenario
+from autotuner.vllm import Platform
+
+GIB = 1 << 30
+MIN_LOG_FREE_BYTES = 1 * GIB  # engine logs of a night of trials, with room to spare
+_FIX_NVML = ("run on a machine whose NVIDIA driver works (`nvidia-smi` lists the GPUs) with nvidia-ml-py "
+             "installed; for a CPU engine use monitor.kind: host, or engine.kind: sim to try the simulator")
+
+
+def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
+    """Open the scenario's monitor as a trial would, and read every device once."""
+    from autotuner.monitor import busy_devices
+    from autotuner.tuner.trial import monitor_for
+
+    if scenario.engine.kind == "sim-virtual":
+        from autotuner.sim.hardware import load_gpu
+
+        try:
+            gpu = load_gpu(scenario.sim_gpu())
+        except UserInputError as exc:
+            return Check("GPUs", "failed", f"engine.sim.gpu: {exc}", "name a GPU preset or a GPU YAML file"), None
+        count = scenario.sim_gpu_count()
+        return Check("GPUs", "ok", f"{count} × {gpu.product_name} (simulated, virtual time)"), \
+            Platform(gpu.product_name, gpu.memory_gib, count)
+    try:
+        monitor = monitor_for(scenario)
+    except UserInputError as exc:
+        fix = _FIX_NVML if "NVML" in str(exc) or "nvml" in str(exc) else "pick GPUs this machine has in engine.gpus"
+        return Check("GPUs", "failed", f"monitor.kind {scenario.monitor.kind}: {exc}", fix), None
+    except Exception as exc:
+        return Check("GPUs", "failed", f"the memory monitor did not start: {type(exc).__name__}: {exc}",
+                     _FIX_NVML), None
+    try:
+        devices = monitor.devices()
+        used = monitor.sample()
+        busy = busy_devices(monitor)
+    except Exception as exc:
+        return Check("GPUs", "failed", f"reading memory failed: {type(exc).__name__}: {exc}", _FIX_NVML), None
+    finally:
+        monitor.close()
+    parts = _describe(devices, used)
+    host = devices and devices[0].uuid.startswith("host-")
+    platform = Platform("cpu", 0.0) if host else \
+        Platform(devices[0].name, round(devices[0].total_bytes / GIB, 2), len(devices)) if devices else None
+    if busy:
+        held = "; ".join(f"GPU {i}: " + ", ".join(f"pid {p} holds {b / GIB:.1f} GiB" for p, b in procs)
+                         for i, procs in sorted(busy.items()))
+        return Check("GPUs", "warning", f"{'; '.join(parts)}. Foreign memory: {held}",
+                     "stop those processes or pick other GPUs with engine.gpus (trials wait for free GPUs)"), platform
+    return Check("GPUs", "ok", "no GPU: the monitor watches host memory" if host else "; ".join(parts)), platform
+
+
+def _describe(devices: list, used: list[int]) -> list[str]:  # type: ignore[type-arg]
+    """`8 × NVIDIA GeForce RTX 3090 (23.7 GiB), 0.0 GiB in use on each` or one part per GPU."""
+    if not devices:
+        return ["no device"]
+    kinds = {(d.name, d.total_bytes) for d in devices}
+    if len(kinds) == 1 and len(set(used)) == 1:
+        d = devices[0]
+        return [f"{len(devices)} × {d.name} ({d.total_bytes / GIB:.1f} GiB), {used[0] / GIB:.1f} GiB in use on "
+                + ("each" if len(devices) > 1 else "it")]
+    return [f"{d.index} {d.name} {u / GIB:.1f}/{d.total_bytes / GIB:.1f} GiB in use"
+            for d, u in zip(devices, used, strict=True)]
+
+
+def check_storage(url: str) -> Check:
+    """Reachable and writable, without creating anything."""
+    from sqlalchemy.engine import make_url
+
+    from autotuner.store.db import Store, sqlalchemy_url
+
+    try:
+        full = sqlalchemy_url(url)
+        shown = make_url(full).render_as_string(hide_password=True)
+    except Exception as exc:
+        return Check("storage", "failed", f"storage {url!r} is not a SQLite path or SQLAlchemy URL: {exc}",
+                     "use a path like out/autotuner.db or postgresql://user@host/db")
+    if full.startswith("sqlite:///"):
+        path = Path(full.removeprefix("sqlite:///"))
+        if not path.parent.is_dir():
+            return Check("storage", "failed", f"storage {shown}: directory {path.parent} does not exist",
+                         f"create it (mkdir -p {path.parent}) or point --storage elsewhere")
+        target = path if path.exists() else path.parent
+        if not os.access(target, os.W_OK):
+            return Check("storage", "failed", f"storage {shown}: {target} is not writable",
+                         "fix its permissions or point --storage elsewhere")
+        return Check("storage", "ok", f"{shown} ({'exists' if path.exists() else 'will be created'})")
+    try:
+        Store(full, create=False).engine.dispose()
+    except UserInputError as exc:
+        return Check("storage", "failed", str(exc), "check the URL, the server and the credentials")
+    return Check("storage", "ok", f"{shown} reachable")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_log_dir(log_dir: Path) -> Check:
+    base = _existing_ancestor(log_dir)
+    if not os.access(base, os.W_OK):
+        return Check("log directory", "failed", f"{log_dir}: {base} is not writable",
+                     "pass --log-dir to a writable directory, or set AUTOTUNER_HOME")
+    free = shutil.disk_usage(base).free
+    if free < MIN_LOG_FREE_BYTES:
+        return Check("log directory", "warning", f"{log_dir}: only {free / GIB:.2f} GiB free on its disk",
+                     "free some space or pass --log-dir on another disk")
+    return Check("log directory", "ok", f"{log_dir} ({free / GIB:.0f} GiB free)")
+
+
+def check_host_ram(scenario: Scenario) -> Check:
+    """vLLM pins TP × cpu-offload-gb GiB of host RAM; the range searched must fit the host."""
+    if scenario.engine.kind in ("sim", "sim-virtual"):
+        return Check("host RAM", "ok", "simulated host")
+    tp = scenario.tensor_parallel_size()
+    total = psutil.virtual_memory().total
+    fixed = scenario.engine.flags.get("cpu-offload-gb")
+    space = scenario.search_space or {}
+    param = space.get("cpu-offload-gb") or space.get("cpu_offload_gb")
+    high = None
+    if isinstance(fixed, int | float) and not isinstance(fixed, bool):
+        high = float(fixed)
+    elif param is not None and param.high not in (None, "auto"):
+        high = float(param.high)  # type: ignore[arg-type]
+    if high is None:
+        return Check("host RAM", "ok", f"{total / GIB:.0f} GiB (the offload range follows it)")
+    need = high * tp * GIB
+    if need > total:
+        return Check("host RAM", "failed", f"cpu-offload-gb up to {high:g} GiB × TP {tp} pins {need / GIB:.0f} GiB "
+                     f"of host RAM, the host has {total / GIB:.0f} GiB",
+                     "lower cpu-offload-gb (or its search_space high), or use high: auto")
+    return Check("host RAM", "ok", f"{total / GIB:.0f} GiB covers cpu-offload-gb up to {high:g} × TP {tp}")

@@ -1,0 +1,49 @@
+"""Run the checks in order: the engine and its version, the model, the GPUs, the flags (typed and
+ruled on by the version found), the workload, the storage, the log directory, host RAM, proxies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from autotuner.preflight.engine import check_engine
+from autotuner.preflight.flags import check_flags
+from autotuner.preflight.machine import check_gpus, check_host_ram, check_log_dir, check_storage
+from autotuner.preflight.model import check_model
+from autotuner.preflight.proxies import check_proxies
+from autotuner.preflight.report import PreflightError, Report
+from autotuner.preflight.workload import check_workload
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.vllm import knowledge_for
+
+
+def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
+               overrides: Mapping[str, FlagValue] | None = None) -> Report:
+    """Every check; `overrides` are `measure --set` flags (None for `tune`: a study searches)."""
+    report = Report()
+    engine_checks, version = check_engine(scenario)
+    for check in engine_checks:
+        report.add(check)
+    vllm = knowledge_for(version)
+    report.add(check_model(scenario))
+    gpus, platform = check_gpus(scenario)
+    report.add(gpus)
+    for check in check_flags(scenario, vllm, overrides, platform):
+        report.add(check)
+    report.add(check_workload(scenario, {**scenario.engine.flags, **(overrides or {})}))
+    if storage is not None:
+        report.add(check_storage(storage))
+    if log_dir is not None and scenario.engine.kind != "sim-virtual":
+        report.add(check_log_dir(log_dir))
+    report.add(check_host_ram(scenario))
+    report.add(check_proxies())
+    return report
+
+
+def preflight(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
+              overrides: Mapping[str, FlagValue] | None = None) -> Report:
+    """Run the checks; raise PreflightError (exit 2) when one failed."""
+    report = run_checks(scenario, storage=storage, log_dir=log_dir, overrides=overrides)
+    if report.failed:
+        raise PreflightError(report)
+    return report

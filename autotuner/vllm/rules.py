@@ -1,0 +1,177 @@
+"""The rules `vllm serve` 0.32 enforces at startup, before loading any weight, in its own words.
+
+One function, `resolve`, used by the simulator (which prints the violation the way vLLM does and
+exits 1) and by the tuner (which records the candidate as `invalid-flags` without a launch). What a
+rule needs and is not known (the platform of a box we have not seen, the shape of a hub model we
+cannot read) leaves that rule unchecked: the engine is the judge then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from autotuner.scenario import FlagValue
+from autotuner.vllm import defaults as d
+from autotuner.vllm.defaults import Platform, scheduler_defaults
+
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+LONG_MAX_MODEL_LEN_VAR = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+ErrorKind = Literal["field", "value", "plain"]
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the rules need of the model's config.json."""
+
+    num_heads: int
+    max_position_embeddings: int | None = None  # None: not known for certain (vLLM derives it)
+    derived_max_model_len: int | None = None
+
+
+class VllmRuleError(Exception):
+    """A configuration vLLM refuses at startup (exit code 1 there).
+
+    kind `field`: pydantic's error on one field of `config_class` (`text` is pydantic's message);
+    kind `value`: a model validator's `Value error, ...`; kind `plain`: a bare `ValueError: ...`."""
+
+    def __init__(self, kind: ErrorKind, text: str, config_class: str = "", field_name: str = "",
+                 error_type: str = "value_error", value: object = None) -> None:
+        super().__init__(text)
+        self.kind = kind
+        self.text = text
+        self.config_class = config_class
+        self.field_name = field_name
+        self.error_type = error_type
+        self.value = value
+
+    @property
+    def reason(self) -> str:
+        """One line, as the log classifier reads it from vLLM's output."""
+        return f"{self.field_name}: {self.text}" if self.kind == "field" else self.text
+
+    def vllm_message(self) -> str:
+        """What vLLM prints before it exits 1."""
+        if self.kind == "plain":
+            return f"ValueError: {self.text}"
+        head = f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {self.config_class}\n"
+        if self.kind == "value":
+            return f"{head}  Value error, {self.text} [type=value_error]"
+        value = self.value
+        return (f"{head}{self.field_name}\n  {self.text} [type={self.error_type}, input_value={value!r}, "
+                f"input_type={type(value).__name__}]")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The scheduler and cache settings vLLM would run with; None where the platform is unknown."""
+
+    tensor_parallel_size: int
+    max_model_len: int | None
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+    gpu_memory_utilization: float
+    cpu_offload_gb: float
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    block_size: int
+
+
+def _field(config_class: str, field_name: str, text: str, error_type: str, value: object) -> VllmRuleError:
+    return VllmRuleError("field", text, config_class, field_name, error_type, value)
+
+
+def _int(flags: Mapping[str, FlagValue], name: str) -> int | None:
+    value = flags.get(name)
+    return None if value is None or isinstance(value, list) else int(value)
+
+
+def _float(flags: Mapping[str, FlagValue], name: str, default: float) -> float:
+    value = flags.get(name)
+    return default if value is None or isinstance(value, list) else float(value)
+
+
+def _bool(flags: Mapping[str, FlagValue], name: str, default: bool) -> bool:
+    value = flags.get(name)
+    return default if value is None else value is not False
+
+
+def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, model: ModelLimits | None = None,
+            env: Mapping[str, str] | None = None) -> ServeConfig:
+    """Apply vLLM's defaults and startup rules to typed flags (see `FlagSpec.coerce`), in vLLM's
+    order; raises VllmRuleError with vLLM's message."""
+    env = env or {}
+    tp = _int(flags, "tensor-parallel-size")
+    tp = d.TENSOR_PARALLEL_SIZE if tp is None else tp
+    if tp < 1:
+        raise _field("ParallelConfig", "tensor_parallel_size", "Input should be greater than 0", "greater_than", tp)
+    if model is not None and model.num_heads % tp:
+        raise VllmRuleError("plain", f"Total number of attention heads ({model.num_heads}) must be divisible by "
+                            f"tensor parallel size ({tp}).")
+    if platform is not None and platform.count is not None and not platform.is_cpu and tp > platform.count:
+        raise VllmRuleError("plain", f"World size ({tp}) is larger than the number of available GPUs "
+                            f"({platform.count}) in this node. If this is intentional and you are using: "
+                            "- ray, set '--distributed-executor-backend ray'.")
+    util = _float(flags, "gpu-memory-utilization", d.GPU_MEMORY_UTILIZATION)
+    if util > 1:
+        raise _field("CacheConfig", "gpu_memory_utilization", "Input should be less than or equal to 1",
+                     "less_than_equal", util)
+    if util <= 0:
+        raise _field("CacheConfig", "gpu_memory_utilization", "Input should be greater than 0", "greater_than",
+                     util)
+    offload = _float(flags, "cpu-offload-gb", d.CPU_OFFLOAD_GB)
+    if offload < 0:
+        raise _field("CacheConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
+                     "greater_than_equal", offload)
+    block_size = _int(flags, "block-size")
+    block_size = d.BLOCK_SIZE if block_size is None else block_size
+    if block_size not in BLOCK_SIZES:
+        raise _field("CacheConfig", "block_size", "Input should be 1, 8, 16, 32, 64 or 128", "literal_error",
+                     block_size)
+
+    max_model_len = _int(flags, "max-model-len")
+    derived = model.derived_max_model_len if model is not None else None
+    if max_model_len is None:
+        max_model_len = derived
+    if (model is not None and derived is not None and max_model_len is not None and max_model_len > derived
+            and env.get(LONG_MAX_MODEL_LEN_VAR) not in ("1", "true", "True")):
+        raise VllmRuleError(
+            "value",
+            f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+            f"(max_position_embeddings={model.max_position_embeddings} or model_max_length=None in "
+            "model's config.json). To allow overriding this maximum, set the env var "
+            f"{LONG_MAX_MODEL_LEN_VAR}=1. {LONG_MAX_MODEL_LEN_VAR} must be used with extreme "
+            "caution. If the model uses relative position encoding (RoPE), positions exceeding "
+            "derived_max_model_len lead to nan. If the model uses absolute position encoding, "
+            "positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error.",
+            "ModelConfig")
+    if max_model_len is not None and max_model_len < 1:
+        raise _field("ModelConfig", "max_model_len", "Input should be greater than 0", "greater_than", max_model_len)
+
+    chunked = _bool(flags, "enable-chunked-prefill", d.ENABLE_CHUNKED_PREFILL)
+    default_tokens, default_seqs = scheduler_defaults(platform) if platform is not None else (None, None)
+    budget = _int(flags, "max-num-batched-tokens")
+    if budget is None and default_tokens is not None:
+        budget = default_tokens if chunked or max_model_len is None else max(max_model_len, default_tokens)
+    seqs = _int(flags, "max-num-seqs")
+    if seqs is None and default_seqs is not None and budget is not None:
+        seqs = min(default_seqs, budget)
+    for name, value in (("max_num_batched_tokens", budget), ("max_num_seqs", seqs)):
+        if value is not None and value < 1:
+            raise _field("SchedulerConfig", name, "Input should be greater than 0", "greater_than", value)
+    if not chunked and budget is not None and max_model_len is not None and budget < max_model_len:
+        raise VllmRuleError(
+            "value",
+            f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). "
+            "This effectively limits the maximum sequence length to max_num_batched_tokens and makes "
+            "vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease "
+            "max_model_len.",
+            "SchedulerConfig")
+    if budget is not None and seqs is not None and budget < seqs:
+        raise VllmRuleError(
+            "value", f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
+            "SchedulerConfig")
+    return ServeConfig(tp, max_model_len, budget, seqs, util, offload, chunked,
+                       _bool(flags, "enable-prefix-caching", d.ENABLE_PREFIX_CACHING), block_size)

@@ -1,0 +1,81 @@
+"""What we know of vLLM, keyed by version: flags, defaults and startup rules for each release line
+whose source we read (facts note: 0.32 and 0.33 share them)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotuner.scenario import FlagValue
+from autotuner.vllm import defaults as d
+from autotuner.vllm.defaults import Platform, scheduler_defaults
+from autotuner.vllm.flags import FLAGS_0_32, FlagSpec
+from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
+
+# The version the simulator presents itself as.
+SIMULATED_VERSION = "0.32.0"
+
+
+@dataclass(frozen=True)
+class VllmKnowledge:
+    series: str  # "0.32"
+    flags: Mapping[str, FlagSpec]
+
+    def spec(self, name: str) -> FlagSpec | None:
+        return self.flags.get(name)
+
+    def coerce(self, name: str, value: object, where: str) -> FlagValue:
+        """The value as vLLM parses it; a flag we do not know passes unchanged."""
+        spec = self.flags.get(name)
+        return spec.coerce(value, where) if spec is not None else value  # type: ignore[return-value]
+
+    def coerce_all(self, flags: Mapping[str, FlagValue], where: str) -> dict[str, FlagValue]:
+        return {name: self.coerce(name, value, f"{where}.{name}") for name, value in flags.items()}
+
+    def unknown(self, names: object) -> list[str]:
+        return [n for n in names if n not in self.flags]  # type: ignore[attr-defined]
+
+    def scheduler_defaults(self, platform: Platform) -> tuple[int, int]:
+        return scheduler_defaults(platform)
+
+    def default_flags(self, platform: Platform) -> dict[str, FlagValue]:
+        """`vllm serve`'s values for the flags the tuner searches, on this platform."""
+        budget, seqs = scheduler_defaults(platform)
+        return {"max-num-batched-tokens": budget, "max-num-seqs": seqs,
+                "gpu-memory-utilization": d.GPU_MEMORY_UTILIZATION, "cpu-offload-gb": d.CPU_OFFLOAD_GB,
+                "enable-chunked-prefill": d.ENABLE_CHUNKED_PREFILL, "enable-prefix-caching": d.ENABLE_PREFIX_CACHING}
+
+    def resolve(self, flags: Mapping[str, FlagValue], platform: Platform | None = None,
+                model: ModelLimits | None = None, env: Mapping[str, str] | None = None) -> ServeConfig:
+        return resolve(flags, platform, model, env)
+
+    def violation(self, flags: Mapping[str, FlagValue], platform: Platform | None = None,
+                  model: ModelLimits | None = None, env: Mapping[str, str] | None = None) -> str | None:
+        """Why vLLM would refuse to start with these flags (its words), or None."""
+        try:
+            resolve(flags, platform, model, env)
+        except VllmRuleError as exc:
+            return exc.reason
+        return None
+
+
+_V0_32 = VllmKnowledge("0.32", FLAGS_0_32)
+KNOWN: Mapping[str, VllmKnowledge] = {"0.32": _V0_32, "0.33": VllmKnowledge("0.33", FLAGS_0_32)}
+LATEST = "0.33"
+
+
+def series_of(version: str | None) -> str | None:
+    """`0.32.0`, `0.32.1+cpu`, `v0.33.0rc1` → `0.32` / `0.33`; None when it is not a version."""
+    m = re.match(r"v?(\d+)\.(\d+)", (version or "").strip())
+    return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
+
+
+def is_known(version: str | None) -> bool:
+    return series_of(version) in KNOWN
+
+
+def knowledge_for(version: str | None = None) -> VllmKnowledge:
+    """The knowledge of this version's release line; the newest we know for an unknown one (and
+    `autotuner doctor` warns)."""
+    return KNOWN.get(series_of(version) or "", KNOWN[LATEST])
