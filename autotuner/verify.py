@@ -17,6 +17,7 @@ from autotuner.monitor.base import MemoryMonitor, MonitorConfigError
 from autotuner.monitor.factory import open_monitor
 from autotuner.scenario import Scenario, WorkloadSettings
 from autotuner.workload.client import RequestResult, StreamingClient, http_client
+from autotuner.workload.proxies import through_proxy
 from autotuner.workload.replay import replay
 from autotuner.workload.requests import build_requests
 from autotuner.workload.summary import summarize
@@ -29,6 +30,10 @@ SEED_CHECK = WorkloadSettings.model_validate({
     "warmup_requests": 0,
     "request_timeout_s": 300,
 })
+
+
+# What a proxy answers when it could not reach (or be allowed to reach) the endpoint behind it.
+_PROXY_STATUSES = (403, 407, 502, 503, 504)
 
 
 @dataclass
@@ -58,6 +63,10 @@ def _refused(exc: BaseException) -> bool:
 
 
 def _unreachable(base_url: str, exc: Exception) -> str:
+    what = "could not be reached" if isinstance(exc, httpx.ConnectError) else "failed"
+    via = through_proxy(base_url, f"{what} ({type(exc).__name__}: {exc})")
+    if via is not None:
+        return f"cannot reach {base_url}: {via}."
     host = urlsplit(base_url).hostname or ""
     hint = ""
     if host in ("127.0.0.1", "localhost", "::1"):
@@ -89,7 +98,9 @@ async def _models(http: httpx.AsyncClient, base_url: str, headers: dict[str, str
                             "environment variable and pass its name with --api-key-env.")
         return None
     if r.status_code != 200:
-        problems.append(f"GET /v1/models answered HTTP {r.status_code}: {r.text[:200]}")
+        via = through_proxy(base_url, f"answered {r.status_code}")
+        problems.append(f"GET /v1/models: {via}." if via is not None and r.status_code in _PROXY_STATUSES
+                        else f"GET /v1/models answered HTTP {r.status_code}: {r.text[:200]}")
         return None
     try:
         data = r.json().get("data", [])
@@ -129,7 +140,7 @@ async def verify(base_url: str, model: str | None, key_env: str | None, scenario
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     problems: list[str] = []
     workload = scenario.workload if scenario is not None else SEED_CHECK
-    async with http_client() as http:
+    async with http_client(trust_env=True) as http:  # the user's endpoint: their proxy settings apply
         served = await _models(http, base_url, headers, key_env, problems)
         if served is None:
             return Verdict(False, problems)

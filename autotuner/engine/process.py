@@ -120,7 +120,8 @@ class EngineProcess:
         """None when ready; otherwise why not ("exited" or "timeout"). Ready = /health 200 and
         /v1/models lists the served name."""
         deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(timeout=2.0, headers=dict(headers or {})) as http:
+        # Loopback: never through a proxy from the environment (the engine itself keeps it).
+        async with httpx.AsyncClient(timeout=2.0, headers=dict(headers or {}), trust_env=False) as http:
             while time.monotonic() < deadline:
                 if self.returncode is not None:
                     return "exited"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 from autotuner.preflight.report import Check
+from autotuner.workload.proxies import mask_url
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
@@ -20,14 +20,6 @@ def proxy_settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
             if env.get(key):
                 out[key] = mask_url(env[key])
     return out
-
-
-def mask_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_proxies() -> Check:

@@ -66,11 +66,16 @@ def shard_count(concurrency: int) -> int:
     return max(1, -(-concurrency // STREAMS_PER_CLIENT))
 
 
-def http_client(max_connections: int = 1024) -> httpx.AsyncClient:
+def http_client(max_connections: int = 1024, *, trust_env: bool = False) -> httpx.AsyncClient:
     """An AsyncClient sized for a replay: a pool smaller than the concurrency would queue requests
-    inside httpx (it shows up as queue time, but it is not the load that was asked for)."""
+    inside httpx (it shows up as queue time, but it is not the load that was asked for).
+
+    `trust_env=False` (the default): the engines we start listen on 127.0.0.1, and a proxy from
+    HTTP_PROXY/ALL_PROXY must never sit between them and the measurement. Only `verify`, which talks
+    to the user's endpoint, passes True and so honours the user's proxy settings."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+                             trust_env=trust_env)
 
 
 # Streams per AsyncClient. httpcore's pool rescans every connection on every event, so one client
