@@ -78,9 +78,6 @@ def measure(
     from autotuner.engine.registry import autotuner_home
     from autotuner.errors import UserInputError
     from autotuner.scenario import load_scenario
-    from autotuner.trial_view import print_trial
-    from autotuner.tuner.trial import GpusBusyError
-    from autotuner.tuner.trial import measure as measure_trial
 
     configure_logging()
     try:
@@ -92,6 +89,9 @@ def measure(
         _preflight(sc, None, logs, overrides)
     except UserInputError as exc:
         raise _fail(exc) from None
+    from autotuner.trial_view import print_trial
+    from autotuner.tuner.trial import GpusBusyError
+    from autotuner.tuner.trial import measure as measure_trial
 
     async def main() -> object:
         if sc.engine.kind == "sim-virtual":
@@ -179,20 +179,22 @@ def tune(
     from autotuner.engine.registry import autotuner_home
     from autotuner.errors import UserInputError
     from autotuner.scenario import load_scenario
-    from autotuner.store.db import Store
-    from autotuner.tuner.progress import LiveView
-    from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
-    from autotuner.tuner.study import Tuner, parse_duration
-    from autotuner.tuner.trial import GpusBusyError
 
     configure_logging()
     try:
         sc = load_scenario(scenario)
         if trials is not None and trials < 1:
             raise UserInputError("--trials must be ≥ 1")
-        timeout_s = parse_duration(timeout) if timeout is not None else None
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, storage or sc.storage, logs)
+        # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
+        from autotuner.store.db import Store
+        from autotuner.tuner.progress import LiveView
+        from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+        from autotuner.tuner.study import Tuner, parse_duration
+        from autotuner.tuner.trial import GpusBusyError
+
+        timeout_s = parse_duration(timeout) if timeout is not None else None
         store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
         view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None

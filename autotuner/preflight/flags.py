@@ -18,15 +18,18 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
     """Types of engine.flags, current_config, --set values and search_space; then vLLM's rules on
     what `measure` launches (fixed flags and --set) — for `tune`, on the fixed flags with vLLM's
     defaults (a warning: candidates that break a rule are recorded without a launch)."""
-    from autotuner.tuner.space import model_limits
+    from autotuner.tuner.space import build_space, model_limits
 
     engine = scenario.engine
     try:
+        if overrides is None:  # a study: its search space must be usable
+            build_space(scenario)
         fixed = vllm.coerce_all(engine.flags, "engine.flags")
         vllm.coerce_all(scenario.current_config, "current_config")
         given = vllm.coerce_all(overrides or {}, "--set")
     except UserInputError as exc:
-        return [Check("flags", "failed", str(exc), "give the value in the type vLLM expects")]
+        return [Check("flags", "failed", str(exc), "give each flag a value of the type vLLM expects, and search "
+                      "at least one flag")]
     checks: list[Check] = []
     for raw, param in (scenario.search_space or {}).items():
         name = raw.removeprefix("--").replace("_", "-")

@@ -18,12 +18,15 @@ from autotuner.vllm import knowledge_for
 
 
 def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
-               overrides: Mapping[str, FlagValue] | None = None) -> Report:
-    """Every check; `overrides` are `measure --set` flags (None for `tune`: a study searches)."""
+               overrides: Mapping[str, FlagValue] | None = None, fail_fast: bool = False) -> Report:
+    """Every check (`doctor`), or up to the first failure (`fail_fast`: `tune` and `measure` refuse
+    at once); `overrides` are `measure --set` flags (None for `tune`: a study searches)."""
     report = Report()
     engine_checks, version = check_engine(scenario)
     for check in engine_checks:
         report.add(check)
+    if fail_fast and report.failed:
+        return report
     vllm = knowledge_for(version)
     report.add(check_model(scenario))
     gpus, platform = check_gpus(scenario)
@@ -43,7 +46,7 @@ def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
 def preflight(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
               overrides: Mapping[str, FlagValue] | None = None) -> Report:
     """Run the checks; raise PreflightError (exit 2) when one failed."""
-    report = run_checks(scenario, storage=storage, log_dir=log_dir, overrides=overrides)
+    report = run_checks(scenario, storage=storage, log_dir=log_dir, overrides=overrides, fail_fast=True)
     if report.failed:
         raise PreflightError(report)
     return report

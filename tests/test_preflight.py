@@ -1,0 +1,153 @@
+"""Preflight and `autotuner doctor`: a broken setup stops in seconds with the fix, nothing written.
+Real processes: the CLI as a user runs it, real SQLite, the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotuner.preflight import run_checks
+from autotuner.preflight.model import check_model, hub_cache
+from autotuner.preflight.workload import check_workload
+from autotuner.scenario import load_scenario
+
+ROOT = Path(__file__).parent.parent
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 1000,
+               "max_position_embeddings": 4096, "torch_dtype": "float16"}
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotuner", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def write_scenario(tmp_path: Path, engine: dict[str, object], **top: object) -> Path:
+    data: dict[str, object] = {
+        "name": "broken", "engine": {"kind": "vllm", "startup_timeout_s": 30, "release_timeout_s": 1, **engine},
+        "monitor": {"kind": "host"},
+        "workload": {"requests": {"count": 2, "prompt_tokens": 100, "output_tokens": 8},
+                     "arrivals": {"kind": "concurrency", "concurrency": 1}, "warmup_requests": 0},
+        "storage": f"sqlite:///{tmp_path / 'study.db'}", **top}
+    path = tmp_path / f"scenario-{len(list(tmp_path.glob('scenario-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def tiny_model(tmp_path: Path, with_config: bool = True) -> Path:
+    model = tmp_path / ("model" if with_config else "model-without-config")
+    model.mkdir(exist_ok=True)
+    if with_config:
+        (model / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return model
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("AUTOTUNER_SIM_STATE_DIR", str(tmp_path / "gpus"))
+    return tmp_path / "home"
+
+
+def test_tune_and_measure_with_a_missing_engine_command_exit_2_fast_with_nothing_written(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path, {"command": ["vllm-not-installed-here", "serve"],
+                                     "model": str(tiny_model(tmp_path))})
+    db = tmp_path / "study.db"
+    for command in (["tune", str(path), "--storage", str(db)], ["measure", str(path)]):
+        started = time.monotonic()
+        done = cli(*command)
+        took = time.monotonic() - started
+        assert done.returncode == 2, done.stderr
+        assert took < 10, f"{command[0]} took {took:.1f} s to refuse"
+        assert "engine.command: `vllm-not-installed-here` is not found on PATH" in done.stderr
+        assert "Fix: install vLLM" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not db.exists()  # no study, no trial
+    assert not (tmp_path / "home" / "logs").exists()
+
+
+def test_a_model_directory_without_config_json_is_refused_before_launch(tmp_path: Path) -> None:
+    engine = tmp_path / "fake-vllm"
+    engine.write_text(f"#!{sys.executable}\nimport sys\nprint('0.32.0')\n")
+    engine.chmod(0o755)
+    path = write_scenario(tmp_path, {"command": [str(engine), "serve"],
+                                     "model": str(tiny_model(tmp_path, with_config=False))})
+    db = tmp_path / "study.db"
+    done = cli("tune", str(path), "--storage", str(db))
+    assert done.returncode == 2
+    assert "engine.model:" in done.stderr and "has no config.json" in done.stderr
+    assert not db.exists()
+    done = cli("measure", str(path))
+    assert done.returncode == 2 and "has no config.json" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_measure_set_with_a_bad_type_or_a_broken_rule_is_bad_input(tmp_path: Path) -> None:
+    path = ROOT / "scenarios" / "quickstart.yaml"
+    done = cli("measure", str(path), "--set", "max-num-batched-tokens=abc")
+    assert done.returncode == 2 and "expected an integer" in done.stderr
+    done = cli("measure", str(path), "--set", "max-num-batched-tokens=64", "--set", "max-num-seqs=128")
+    assert done.returncode == 2
+    assert "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128)" in done.stderr
+    assert not (tmp_path / "home" / "engines").exists() or not list((tmp_path / "home" / "engines").iterdir())
+
+
+def test_doctor_on_the_shipped_scenarios(tmp_path: Path) -> None:
+    # Relative storage paths are the working directory's: give the quickstart its output folder.
+    (tmp_path / "out" / "quickstart").mkdir(parents=True)
+    for name in ("quickstart.yaml",):
+        done = cli("doctor", str(ROOT / "scenarios" / name), cwd=tmp_path, env={"COLUMNS": "200"})
+        assert done.returncode == 0, done.stdout
+        assert "failed" not in done.stdout and "warning" not in done.stdout
+    done = cli("doctor", str(ROOT / "scenarios" / "long-prompt.yaml"), cwd=tmp_path,
+               env={"COLUMNS": "200", "PATH": os.path.dirname(sys.executable)})
+    assert done.returncode == 2, done.stdout
+    out = " ".join(done.stdout.split())
+    assert "engine.command: `vllm` is not found on PATH" in out.replace("│ ", "")
+    assert "GPUs" in out and "NVML" in out
+
+
+def test_doctor_on_the_simulator_scenarios_is_all_ok(tmp_path: Path) -> None:
+    for kind in ("sim", "sim-virtual"):
+        data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+        data["engine"]["kind"] = kind
+        data["storage"] = f"sqlite:///{tmp_path / 'db.sqlite'}"
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        report = run_checks(load_scenario(path), storage=data["storage"], log_dir=tmp_path / "logs")
+        assert report.exit_code == 0, [c for c in report.checks if c.status != "ok"]
+        assert {c.name for c in report.checks} >= {"engine command", "vLLM version", "model", "GPUs", "flags",
+                                                   "flag rules", "workload", "storage", "host RAM", "proxies"}
+    assert not (tmp_path / "db.sqlite").exists() and not (tmp_path / "logs").exists()
+
+
+def test_hub_models_are_looked_up_in_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert hub_cache(os.environ) == tmp_path / "hf" / "hub"
+    path = write_scenario(tmp_path, {"model": "acme/tiny-7b"})
+    assert check_model(load_scenario(path)).status == "warning"  # downloaded on first start
+    (tmp_path / "hf" / "hub" / "models--acme--tiny-7b" / "snapshots" / "abc").mkdir(parents=True)
+    assert check_model(load_scenario(path)).status == "ok"
+    offline = write_scenario(tmp_path, {"model": "acme/other", "env": {"HF_HUB_OFFLINE": "1"}})
+    assert check_model(load_scenario(offline)).status == "failed"
+    missing = write_scenario(tmp_path, {"model": str(tmp_path / "no" / "such" / "dir")})
+    check = check_model(load_scenario(missing))
+    assert check.status == "failed" and "is not a local folder" in check.detail
+
+
+def test_the_workload_must_fit_the_context(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path, {"kind": "sim", "model": "llama-2-7b", "flags": {"max-model-len": 4096}},
+                          workload={"requests": {"prompt_tokens": "3000-6000", "output_tokens": 256}})
+    check = check_workload(load_scenario(path), {"max-model-len": 4096})
+    assert check.status == "failed"
+    assert "the longest request needs 6256 tokens" in check.detail and "4096" in check.detail
+    assert check_workload(load_scenario(path), {"max-model-len": 8192}).status == "ok"
