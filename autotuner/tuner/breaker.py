@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 # Engine output that no flag value causes: the setup is broken.
 MACHINE_FAULT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
-    r"CUDA driver",
+    r"(?i)cuda driver",
     r"Found no NVIDIA driver",
     r"NVIDIA driver on your system is too old",
     r"no CUDA-capable device is detected",
@@ -30,7 +30,8 @@ MACHINE_FAULT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p 
     r"Permission denied",
     r"command not found",
 ))  # fmt: skip
-_NOISE = re.compile(r"^\([\w-]+ pid=\d+\) |^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ \[[^\]]+\] ")
+# vLLM's line prefix: `(EngineCore pid=42) ERROR 11-30 12:00:00 [core.py:1] `.
+_NOISE = re.compile(r"^(?:\([\w-]+ pid=\d+\) )?(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ \[[^\]]+\] )?")
 
 
 def machine_fault_reason(reason: str | None, log_tail: Iterable[str] = ()) -> str | None:
