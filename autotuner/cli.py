@@ -154,9 +154,10 @@ def verify(
 
 
 @app.command(epilog="Exit status: 0 the trial budget or the time budget ran out (or the space was "
-             "exhausted); 1 stopped by the circuit breaker (machine faults, e.g. a broken driver or a missing "
-             "model; the reason is printed); 2 bad input or a failed preflight check (nothing launched, nothing "
-             "written); 130 interrupted (SIGINT/SIGTERM; run the same command again to resume).")
+             "exhausted), or SIGINT/SIGTERM stopped it cleanly (the summary says interrupted; run the same "
+             "command again to resume); 1 stopped by the circuit breaker (machine faults, e.g. a broken driver "
+             "or a missing model; the reason is printed); 2 bad input or a failed preflight check (nothing "
+             "launched, nothing written).")
 def tune(
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     trials: int | None = typer.Option(None, "--trials", help="study-wide number of completed trials"),
@@ -170,8 +171,8 @@ def tune(
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
 
-    Exit status: 0 budget or time ran out; 1 stopped by the circuit breaker; 2 bad input or a failed
-    preflight check; 130 interrupted."""
+    Exit status: 0 budget or time ran out, or interrupted cleanly; 1 stopped by the circuit breaker;
+    2 bad input or a failed preflight check."""
     import asyncio
     import signal
     import sys

@@ -65,10 +65,8 @@ class TuneSummary:
 
     @property
     def exit_code(self) -> int:
-        """`tune`'s exit status: 0 when the budget or the time ran out, 1 when the breaker stopped the
-        run, 130 when it was interrupted."""
-        if self.interrupted:
-            return 130
+        """`tune`'s exit status: 1 when the breaker stopped the run; else 0 — the budget or the time ran
+        out, or SIGINT/SIGTERM ended it cleanly (the summary says interrupted; the next run resumes)."""
         return 1 if self.stopped_reason is not None else 0
 
 

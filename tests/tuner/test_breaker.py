@@ -74,7 +74,7 @@ def test_the_reason_is_the_line_that_names_the_fault() -> None:
 def test_exit_codes_of_a_summary() -> None:
     assert TuneSummary("s", 3, 3, 0, False).exit_code == 0
     assert TuneSummary("s", 0, 3, 0, False, stopped_reason="3 machine faults").exit_code == 1
-    assert TuneSummary("s", 1, 3, 0, True).exit_code == 130
+    assert TuneSummary("s", 1, 3, 0, True, ended="interrupted").exit_code == 0  # resumable, said in the summary
 
 
 def test_a_broken_cuda_driver_stops_the_study_after_three_trials(tmp_path: Path) -> None:
