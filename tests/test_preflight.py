@@ -151,3 +151,26 @@ def test_the_workload_must_fit_the_context(tmp_path: Path) -> None:
     assert check.status == "failed"
     assert "the longest request needs 6256 tokens" in check.detail and "4096" in check.detail
     assert check_workload(load_scenario(path), {"max-model-len": 8192}).status == "ok"
+
+
+def test_measure_exits_1_when_the_outcome_is_not_ok(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    data["workload"]["requests"]["count"] = 2
+    path = tmp_path / "quickstart.yaml"
+    path.write_text(yaml.safe_dump(data))
+    # vLLM's defaults on the seed's box: the long prompts push memory over the threshold.
+    done = cli("measure", str(path), timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "oom-threshold" in done.stdout
+
+
+def test_doctor_lists_the_proxy_variables_without_their_passwords(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://alice:s3cret@proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    path = write_scenario(tmp_path, {"kind": "sim-virtual", "model": "llama-2-7b"})
+    report = run_checks(load_scenario(path), storage=None, log_dir=None)
+    proxies = next(c for c in report.checks if c.name == "proxies")
+    assert "HTTPS_PROXY=http://alice:***@proxy.corp:3128" in proxies.detail and "NO_PROXY=localhost" in proxies.detail
+    assert "s3cret" not in proxies.detail
+    assert "never used for the engines autotuner starts on 127.0.0.1" in proxies.detail

