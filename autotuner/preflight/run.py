@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotuner.errors import UserInputError
 from autotuner.preflight.engine import check_engine
 from autotuner.preflight.flags import check_flags
 from autotuner.preflight.machine import check_gpus, check_host_ram, check_log_dir, check_storage
@@ -29,11 +30,19 @@ def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
         return report
     vllm = knowledge_for(version)
     report.add(check_model(scenario))
+    if fail_fast and report.failed:
+        return report
     gpus, platform = check_gpus(scenario)
     report.add(gpus)
     for check in check_flags(scenario, vllm, overrides, platform):
         report.add(check)
-    report.add(check_workload(scenario, {**scenario.engine.flags, **(overrides or {})}))
+    if fail_fast and report.failed:
+        return report
+    try:
+        typed = vllm.coerce_all({**scenario.engine.flags, **(overrides or {})}, "flags")
+    except UserInputError:
+        typed = {}  # the flags check said why
+    report.add(check_workload(scenario, typed))
     if storage is not None:
         report.add(check_storage(storage))
     if log_dir is not None and scenario.engine.kind != "sim-virtual":

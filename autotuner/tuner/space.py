@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 import psutil
 
-from autotuner.errors import ScenarioError
+from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
 from autotuner.vllm import ModelLimits, Platform, knowledge_for
 
@@ -156,7 +156,11 @@ class FlagRules:
         self.env = {**os.environ, **scenario.engine.env}
 
     def violation(self, flags: Mapping[str, FlagValue]) -> str | None:
-        return self.vllm.violation(flags, self.platform, self.model, self.env)
+        try:
+            typed = self.vllm.coerce_all(flags, "flags")  # YAML may hold "8k" or "2048"
+        except UserInputError as exc:
+            return str(exc)
+        return self.vllm.violation(typed, self.platform, self.model, self.env)
 
     def defaults(self) -> dict[str, FlagValue]:
         """The baseline: vLLM's own values for the searched flags on this platform (a 24 GiB card's
