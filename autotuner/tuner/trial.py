@@ -299,7 +299,8 @@ def _peak_concurrency(scenario: Scenario) -> int:
 
 
 async def _watch_exit(engine: EngineProcess) -> None:
-    while engine.returncode is None:
+    """Returns when the engine exits or its log says it died (a CUDA OOM can leave vLLM hanging)."""
+    while engine.returncode is None and not engine.facts.fatal:
         await asyncio.sleep(0.05)
 
 
