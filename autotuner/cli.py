@@ -153,7 +153,7 @@ def tune(
     from autotuner.engine.registry import autotuner_home
     from autotuner.errors import UserInputError
     from autotuner.scenario import load_scenario
-    from autotuner.store.db import Store
+    from autotuner.store.db import Store, storage_error
     from autotuner.tuner.progress import LiveView
     from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
     from autotuner.tuner.study import Tuner, parse_duration
@@ -188,6 +188,13 @@ def tune(
             summary = asyncio.run(main())
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
+    except Exception as exc:
+        # The database failed under the study (disk full, locked, read-only): say so once, no traceback.
+        failure = storage_error(exc, store.url)
+        if failure is None:
+            raise
+        typer.echo(f"error: {failure}", err=True)
+        raise typer.Exit(1) from None
     _print_summary(summary)
 
 

@@ -9,6 +9,8 @@ downsampled timeline, engine version, log path and tail. The only module with SQ
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +21,12 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
-from autotuner.errors import UserInputError
+from autotuner.errors import InfrastructureError, UserInputError
 
 T = TypeVar("T")
-SQLITE_TIMEOUT_S = 60
+# How long a SQLite writer waits for another one's lock before giving up (seconds).
+SQLITE_TIMEOUT_ENV = "AUTOTUNER_SQLITE_TIMEOUT_S"
+SQLITE_TIMEOUT_S = float(os.environ.get(SQLITE_TIMEOUT_ENV) or 60)
 HEARTBEAT_S = 30
 metadata = sa.MetaData()
 
@@ -132,7 +136,7 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         # WAL: a dashboard (optuna-dashboard) can read while the tuner writes.
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_TIMEOUT_S * 1000}")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_TIMEOUT_S * 1000)}")
         cursor.close()
 
 
@@ -243,6 +247,44 @@ class Store:
             rows = conn.execute(sa.select(at_trials).where(at_trials.c.study_name == study_name)
                                 .order_by(at_trials.c.trial_number)).mappings().all()
         return [_trial(r) for r in rows]
+
+
+class StorageError(InfrastructureError):
+    """The study database failed under a running study: disk full, locked by another writer, read-only."""
+
+
+# SQLite's words for what went wrong, and what the operator can do about it.
+_STORAGE_HINTS = (
+    ("disk is full", "free space on the disk that holds it"),
+    ("database is locked", f"another process holds a write lock on it (waited {SQLITE_TIMEOUT_S:g} s; "
+                           f"{SQLITE_TIMEOUT_ENV} sets how long): stop that process"),
+    ("readonly", "it is read-only: make the file and its directory writable, or use another --storage"),
+    ("read-only", "it is read-only: make the file and its directory writable, or use another --storage"),
+    ("unable to open", "its directory must exist and be writable"),
+    ("disk i/o error", "the disk that holds it failed a read or write"),
+)
+
+
+def storage_error(exc: BaseException, url: str) -> StorageError | None:
+    """A failure of the study database (ours, or Optuna's, which hides the cause behind a generic
+    StorageInternalError) as one clear message; None when `exc` is not a database failure."""
+    seen: BaseException | None = exc
+    cause: BaseException | None = None
+    while seen is not None:
+        if isinstance(seen, sa.exc.DBAPIError) and seen.orig is not None:
+            cause = seen.orig
+            break
+        if isinstance(seen, sqlite3.Error | sa.exc.SQLAlchemyError):
+            cause = seen
+            break
+        seen = seen.__cause__ or seen.__context__
+    if cause is None:
+        return None
+    what = str(cause).strip() or type(cause).__name__
+    hint = next((h for key, h in _STORAGE_HINTS if key in what.lower()), "check the database and its disk")
+    shown = sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
+    return StorageError(f"storage {shown}: {what}: {hint}. The trial in flight was not recorded (its engine "
+                        "was stopped); run the same command again to resume the study")
 
 
 def _racing_workers(create: Callable[[], T]) -> T:

@@ -180,7 +180,12 @@ class Tuner:
         if not self.store.is_sqlite:
             return
         path = Path(self.store.url.removeprefix("sqlite:///") + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserInputError(f"storage {path.with_suffix('')}: cannot create its lock file {path}: "
+                                 f"{exc.strerror}; the study database and its directory must be writable "
+                                 "(or use another --storage)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -57,7 +57,7 @@ def fault_scenario(tmp_path: Path, mode: str, name: str | None = None, **changes
             "kind": "vllm", "command": [sys.executable, str(FAULT_ENGINE)], "model": "fault-model",
             "served_model_name": "fault-model",
             "env": {"FAULT_MODE": mode, "FAULT_DIR": str(tmp_path / "fault")},
-            "startup_timeout_s": 20, "stop_grace_s": 3, "release_timeout_s": 5,
+            "startup_timeout_s": 20, "stop_grace_s": 3, "release_timeout_s": 1,
         },
         "monitor": {"kind": "host", "hz": 50},
         "workload": {"requests": {"count": 6, "prompt_tokens": 64, "output_tokens": 16},

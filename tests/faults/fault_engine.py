@@ -17,7 +17,8 @@ level) and logs the lines vLLM logs. `FAULT_MODE` in its environment picks the f
     slow-stop       serve; on SIGTERM write `$FAULT_DIR/sigterm`, then ignore it (the group SIGKILL ends us)
     port-taken-once the first launch (no `$FAULT_DIR/launched` yet) binds `$FAULT_PORT`, which is taken
 
-`FAULT_AFTER=n` serves the first n completions normally before the fault starts. `$FAULT_DIR`, when
+`FAULT_TOKEN_S` is the time between tokens (default 0.002 s). `FAULT_AFTER=n` serves the first n
+completions normally before the fault starts. `$FAULT_DIR`, when
 set, receives one `request-<pid>-<n>` file per completion request (so a test can see the workload run).
 Standard library only: it runs under any interpreter.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 
 MODE = os.environ.get("FAULT_MODE", "ok")
 AFTER = int(os.environ.get("FAULT_AFTER", "0"))
+TOKEN_S = float(os.environ.get("FAULT_TOKEN_S", "0.002"))
 FAULT_DIR = Path(os.environ["FAULT_DIR"]) if os.environ.get("FAULT_DIR") else None
 TOKENS = 16
 VERSION = "0.32.0"
@@ -130,7 +132,7 @@ class Engine:
             choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
             choice["finish_reason"] = "length" if i == max_tokens - 1 else None
             await send(writer, "data: " + json.dumps({"id": "cmpl-1", "choices": [choice]}) + "\n\n")
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(TOKEN_S)
         usage = {"prompt_tokens": 10, "completion_tokens": max_tokens, "total_tokens": 10 + max_tokens}
         await send(writer, "data: " + json.dumps({"id": "cmpl-1", "choices": [], "usage": usage}) + "\n\n")
         await send(writer, "data: [DONE]\n\n")
