@@ -68,10 +68,13 @@ def foreign_processes(monitor: MemoryMonitor, position: int, is_ours: Callable[[
 def foreign_baseline(monitor: MemoryMonitor, is_ours: Callable[[int], bool] = lambda _pid: False) -> \
         list[ForeignMemory]:
     """Per monitored GPU, before launch: used memory and who holds it (our own processes excluded)."""
+    # Processes first, then memory: what exits in between lowers `used` (never counted as foreign),
+    # instead of leaving memory nobody is listed for.
+    listings = [monitor.processes(position) for position in range(len(monitor.devices()))]
     used = monitor.sample()
     out = []
     for position, device in enumerate(monitor.devices()):
-        listed = monitor.processes(position)
+        listed = listings[position]
         procs = [ForeignProcess(pid, process_name(pid), n) for pid, n in listed if not is_ours(pid)]
         ours = sum(n for pid, n in listed if is_ours(pid))
         foreign = max(0, used[position] - ours)
