@@ -41,6 +41,14 @@ def sim_evaluate(ctx: typer.Context) -> None:
     raise typer.Exit(run_evaluate(ctx.args))
 
 
+@sim_app.command("hold", context_settings=_PASSTHROUGH, add_help_option=False)
+def sim_hold(ctx: typer.Context) -> None:
+    """--gpu I --mib N [--unlisted]: hold simulated GPU memory as a foreign process until killed."""
+    from autotuner.sim.cli import run_hold
+
+    raise typer.Exit(run_hold(ctx.args))
+
+
 def _fail(exc: Exception) -> typer.Exit:
     """Bad input: one clear message, exit code 2, nothing written."""
     typer.echo(f"error: {exc}", err=True)

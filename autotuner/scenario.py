@@ -223,6 +223,8 @@ class WorkloadSettings(_Model):
 class MonitorSettings(_Model):
     kind: Literal["nvml", "sim", "host", "auto"] = "auto"
     hz: float = Field(default=100.0, gt=0, le=1000)
+    # Other processes' memory per GPU (a desktop on GPU 0) a trial may run beside; above it, busy.
+    foreign_allowance_mib: int = Field(default=1024, ge=0)
 
 
 class OomThreshold(_Model):

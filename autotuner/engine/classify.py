@@ -18,6 +18,10 @@ STARTUP_FAILED = "startup-failed"
 INVALID_FLAGS = "invalid-flags"
 TIMEOUT = "timeout"
 CRASH = "crash"
+# Machine faults, never the candidate's: no memory evidence (the sampler failed), and another
+# process's GPU memory grew during the trial. Both are retried, never feasible, never exported.
+MONITOR_FAILED = "monitor-failed"
+INTERFERENCE = "interference"
 
 # (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
 # specific failure seen in the whole log wins overall (see _RANK).

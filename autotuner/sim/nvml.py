@@ -263,7 +263,7 @@ def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None)
 
 def nvmlDeviceGetComputeRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:
     host, gpu = _gpu(handle)
-    return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index)]
+    return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index) if h.listed]
 
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:

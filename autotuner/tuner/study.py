@@ -27,8 +27,8 @@ from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.tuner.runner import TrialRunner
-from autotuner.tuner.space import Space, build_space, flag_violation
-from autotuner.tuner.trial import GpusBusyError, TrialResult
+from autotuner.tuner.space import Space, build_space, fit_utilization_to_free, flag_violation
+from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom
 from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
@@ -128,7 +128,7 @@ class Tuner:
         self.scenario = scenario
         self.runner = runner
         self.store = store
-        self.space = build_space(scenario)
+        self.space = fit_utilization_to_free(build_space(scenario), gpu_headroom(scenario))
         self.key = runner.study_key()
         self.study_name = study_name or study_name_for(scenario, self.key.digest())
         self.n_trials = n_trials or scenario.budget.trials
@@ -334,6 +334,15 @@ class Tuner:
             except asyncio.CancelledError:
                 self._record_interrupted(study, trial, kind, flags, started)
                 return True, True
+            except GpusBusyError as exc:
+                # Never launched: end the trial (not RUNNING forever) and queue the candidate again.
+                trial.set_user_attr("outcome", GPUS_BUSY)
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=TrialState.FAIL)
+                study.enqueue_trial(trial.params, user_attrs={"kind": kind, "requeued_from": trial.number})
+                self._save(trial.number, kind, TrialResult(GPUS_BUSY, str(exc), {**self.scenario.engine.flags,
+                                                                                 **flags}, []), "FAIL", started)
+                raise
             finally:
                 beat.cancel()
         launched = violation is None and wall is None

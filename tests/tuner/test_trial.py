@@ -114,7 +114,8 @@ def test_busy_gpus_are_refused_naming_the_pid(home: Path, tmp_path: Path, sim_st
     ensure_sim_gpus(sc)
     with WorkerPool(sim_state, [3]) as pool:
         pool.set_bytes([2 << 30])
-        with pytest.raises(GpusBusyError, match=f"GPU 3: pid {pool.pids[0]} holds 2.0 GiB"):
+        with pytest.raises(GpusBusyError, match=rf"GPU 3: 2048 MiB held by python\S* \(pid {pool.pids[0]}, 2048 MiB\)"
+                           ".*monitor.foreign_allowance_mib = 1024 MiB"):
             run(sc, tmp_path)
 
 
