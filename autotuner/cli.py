@@ -127,6 +127,8 @@ def verify(
         verdict = run_verify(base_url, model, api_key_env, sc)
     except UserInputError as exc:
         raise _fail(exc) from None
+    for note in verdict.notes:
+        typer.echo(f"note: {note}")
     m = verdict.metrics
     if m:
         typer.echo(f"model {verdict.model}: {m.get('completed')} ok, {m.get('failed')} failed; "

@@ -9,13 +9,24 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from autotuner.errors import ScenarioError
+from autotuner.secrets import REDACTED, is_secret_name, remember
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -33,16 +44,28 @@ RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "mod
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _expand(text: str) -> str:
+def _expand(text: str, environ: Mapping[str, str] | None = None) -> str:
     """`${VAR}` in engine.command, engine.model and engine.env comes from the environment."""
+    env = os.environ if environ is None else environ
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
-        if name not in os.environ:
+        if name not in env:
             raise ValueError(f"{text!r} uses ${{{name}}}, which is not set in the environment")
-        return os.environ[name]
+        return env[name]
 
     return _VAR.sub(value, text)
+
+
+def variables(text: str) -> list[str]:
+    """The names a `${VAR}` text refers to."""
+    return _VAR.findall(text)
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Validating a scenario read back from the database: its `${VAR}`s are names, not to be looked up
+    (the variables may not exist where the study is exported)."""
+    return bool(info.context and info.context.get("stored"))
 
 
 class _Model(BaseModel):
@@ -102,8 +125,35 @@ class EngineSettings(_Model):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, env: dict[str, str]) -> dict[str, str]:
-        return {k: _expand(str(v)) for k, v in env.items()}
+    def _env(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """Kept as written: `${VAR}` is looked up at launch (`resolved_env`), so the value never reaches
+        the database. Checked here, so that a missing variable is bad input at load."""
+        if not _stored(info):
+            for key, value in env.items():
+                resolved = _expand(str(value))
+                if is_secret_name(key) or any(is_secret_name(name) for name in variables(str(value))):
+                    remember(resolved)
+        return {k: str(v) for k, v in env.items()}
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key(cls, name: str | None, info: ValidationInfo) -> str | None:
+        if name is not None and not _stored(info):
+            remember(os.environ.get(name))
+        return name
+
+    @field_serializer("env")
+    def _env_as_stored(self, env: dict[str, str]) -> dict[str, str]:
+        """`${VAR}` references as written; a literal value under a secret-looking name, masked."""
+        return {k: v if not is_secret_name(k) or (variables(v) and not _VAR.sub("", v).strip()) else REDACTED
+                for k, v in env.items()}
+
+    def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """engine.env with `${VAR}` looked up now: for the engine's process, never for storage."""
+        try:
+            return {k: _expand(v, environ) for k, v in self.env.items()}
+        except ValueError as exc:
+            raise ScenarioError(f"engine.env: {exc}") from None
 
     @property
     def name(self) -> str:
@@ -287,7 +337,8 @@ class Scenario(_Model):
         Objective(metric="output_tokens_per_s", direction="maximize"),
         Objective(metric="ttft_p95_s", direction="minimize"),
     ], min_length=1)
-    slos: dict[Metric, float] = Field(default_factory=dict)
+    # A limit of 0 or below can never be met and the constraints divide by it: refused at load.
+    slos: dict[Metric, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=dict)
     current_config: dict[str, FlagValue] = Field(default_factory=dict,
                                                  description="the flags deployed today, for the baseline")
     budget: BudgetSettings = BudgetSettings()

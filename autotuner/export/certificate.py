@@ -14,6 +14,7 @@ from autotuner.export.select import Selection, StudyData
 from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.tuner import memory_margin
 from autotuner.tuner.trial import threshold_of
 
 # The figures a deployer asks about first, in the order they are shown.
@@ -136,10 +137,7 @@ def headroom(trial: TrialRecord, scenario: Scenario) -> list[GpuHeadroom]:
 
 
 def threshold_text(scenario: Scenario) -> str:
-    t = scenario.oom_threshold
-    if t.fraction is not None:
-        return f"{t.fraction:.0%} of each GPU's memory"
-    return f"{t.min_free_mib} MiB left free on each GPU"
+    return memory_margin.describe(threshold_of(scenario))
 
 
 def _length(settings: LengthSettings) -> str:

@@ -21,11 +21,11 @@ import yaml
 from autotuner.engine.launch import API_KEY_VAR, flag_argv
 from autotuner.export.certificate import Certificate
 from autotuner.export.select import Selection
-from autotuner.scenario import RESERVED_FLAGS, FlagValue
+from autotuner.scenario import RESERVED_FLAGS, FlagValue, variables
+from autotuner.secrets import is_secret_name
 
 Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
 FORMATS: tuple[str, ...] = get_args(Format)
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 IMAGE = "vllm/vllm-openai"
 PORT = 8000
 _PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
@@ -33,7 +33,13 @@ _PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
 
 def is_secret(name: str) -> bool:
     """Same rule as the launcher's redaction: such variables never reach an exported file."""
-    return any(word in name.upper() for word in SECRET_WORDS)
+    return is_secret_name(name)
+
+
+def from_environment(name: str, value: str) -> bool:
+    """A variable the deployment supplies itself: a secret, or a value the scenario took from the
+    tuner's environment (`${VAR}`), which the study stored by name only."""
+    return is_secret(name) or bool(variables(value))
 
 
 @dataclass
@@ -72,8 +78,8 @@ def deployment(selection: Selection, certificate: Certificate) -> Deployment:
     study = selection.study
     engine = study.scenario.engine
     flags = {k: v for k, v in selection.chosen.flags.items() if k not in RESERVED_FLAGS}
-    env = {k: v for k, v in engine.env.items() if not is_secret(k) and k != API_KEY_VAR}
-    secrets = sorted({k for k in engine.env if is_secret(k)} - {API_KEY_VAR})
+    env = {k: v for k, v in engine.env.items() if not from_environment(k, v) and k != API_KEY_VAR}
+    secrets = sorted({k for k, v in engine.env.items() if from_environment(k, v)} - {API_KEY_VAR})
     return Deployment(model=engine.model, served_model_name=engine.served_model_name, flags=flags, env=env,
                       secret_env=secrets, needs_api_key=engine.api_key_env is not None,
                       gpu_count=len(study.record.key.gpu_inventory) or 1, gpu_ids=engine.gpus,
@@ -97,7 +103,8 @@ def _secret_notes(d: Deployment) -> list[str]:
         notes.append(f"API key: the study served with one; set {API_KEY_VAR} in the deployment's environment "
                      "(vLLM reads it there; never put --api-key on a command line)")
     if d.secret_env:
-        notes.append(f"secrets left out, supply them from the environment: {', '.join(d.secret_env)}")
+        notes.append(f"secrets and ${{VAR}} values left out, supply them from the environment: "
+                     f"{', '.join(d.secret_env)}")
     return notes
 
 

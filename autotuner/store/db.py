@@ -2,8 +2,11 @@
 
 `at_studies`: one row per study, its key (model fingerprint, GPU inventory, engine version, workload
 fingerprint) and the scenario it ran. `at_trials`: one row per finished trial (baseline included):
-outcome, reason, the flags and full argv (secrets redacted), all metrics, memory peaks and the
-downsampled timeline, engine version, log path and tail. The only module with SQL.
+outcome, reason, the flags and full argv, all metrics, memory peaks and the downsampled timeline,
+engine version, log path and tail. The only module with SQL.
+
+No secret is stored: the scenario's environment is kept as written (`${VAR}` by name), and every text
+written goes through `secrets.redact` as a safety net.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from autotuner.errors import InfrastructureError, UserInputError
+from autotuner.secrets import display_url, redact, remember_url_password
 
 T = TypeVar("T")
 # How long a SQLite writer waits for another one's lock before giving up (seconds).
@@ -144,17 +148,19 @@ class Store:
     """Our tables in the study database. Construct with the same URL Optuna uses."""
 
     def __init__(self, url: str, create: bool = True) -> None:
+        remember_url_password(url)  # from here on, every message and row is masked for it
         self.url = sqlalchemy_url(url)
+        shown = display_url(url)
         if self.url.startswith("sqlite:///"):
             from pathlib import Path
 
             parent = Path(self.url.removeprefix("sqlite:///")).parent
             if not parent.is_dir():
-                raise UserInputError(f"storage {url}: directory {parent} does not exist")
+                raise UserInputError(f"storage {shown}: directory {parent} does not exist")
         try:
             self.engine = sa.create_engine(self.url, **engine_kwargs(self.url))
         except (SQLAlchemyError, ImportError, ValueError) as exc:
-            raise UserInputError(f"storage {url}: {exc}") from None
+            raise UserInputError(redact(f"storage {shown}: {exc}")) from None
         if self.url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
         try:
@@ -164,7 +170,7 @@ class Store:
                 with self.engine.connect():
                     pass
         except OperationalError as exc:
-            raise UserInputError(f"storage {url} is unreachable: {exc.orig}") from None
+            raise UserInputError(redact(f"storage {shown} is unreachable: {exc.orig}")) from None
 
     def optuna_storage(self):  # type: ignore[no-untyped-def]
         """Optuna's storage on the same database. Shared databases (PostgreSQL: several boxes, one
@@ -191,7 +197,7 @@ class Store:
             "gpu_inventory": json.dumps(record.key.gpu_inventory),
             "engine_version": record.key.engine_version,
             "workload_fingerprint": record.key.workload_fingerprint, "key_digest": record.key.digest(),
-            "scenario": json.dumps(record.scenario, default=str), "scenario_path": record.scenario_path,
+            "scenario": redact(json.dumps(record.scenario, default=str)), "scenario_path": record.scenario_path,
             "created_at": record.created_at,
         }
         try:
@@ -225,9 +231,10 @@ class Store:
         engine = result.get("engine") or {}
         row = {
             "study_name": study_name, "trial_number": record.trial_number, "kind": record.kind,
-            "outcome": record.outcome, "reason": record.reason, "state": record.state,
-            "flags": json.dumps(record.flags, default=str), "result": json.dumps(result, default=str),
-            "timeline": json.dumps(timeline), "log_tail": "\n".join(record.log_tail),
+            "outcome": record.outcome, "reason": None if record.reason is None else redact(record.reason),
+            "state": record.state, "flags": redact(json.dumps(record.flags, default=str)),
+            "result": redact(json.dumps(result, default=str)), "timeline": json.dumps(timeline),
+            "log_tail": redact("\n".join(record.log_tail)),
             "engine_version": engine.get("version"), "log_path": engine.get("log_path"),
             "started_at": record.started_at, "finished_at": record.finished_at,
         }
@@ -280,10 +287,9 @@ def storage_error(exc: BaseException, url: str) -> StorageError | None:
         seen = seen.__cause__ or seen.__context__
     if cause is None:
         return None
-    what = str(cause).strip() or type(cause).__name__
+    what = redact(str(cause).strip() or type(cause).__name__)
     hint = next((h for key, h in _STORAGE_HINTS if key in what.lower()), "check the database and its disk")
-    shown = sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
-    return StorageError(f"storage {shown}: {what}: {hint}. The trial in flight was not recorded (its engine "
+    return StorageError(f"storage {display_url(url)}: {what}: {hint}. The trial in flight was not recorded (its engine "
                         "was stopped); run the same command again to resume the study")
 
 

@@ -26,9 +26,10 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.tuner import memory_margin
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, fit_utilization_to_free, flag_violation
-from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom
+from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, threshold_of
 from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
@@ -94,16 +95,15 @@ def vllm_default_flags(space: Space, gpu_memory_gib: float, gpu_name: str) -> di
 
 def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
     """The same keys on every trial (GPSampler insists), continuous where measurable."""
-    threshold = scenario.oom_threshold.fraction or 0.97
-    peak = float(result.memory.get("peak_fraction") or 0.0)
+    threshold = threshold_of(scenario)  # the sampler's threshold: fraction or min_free_mib
     out = dict.fromkeys(CONSTRAINT_KEYS, -1.0)
-    out["memory"] = peak - threshold
+    out["memory"] = memory_margin.excess(result.memory, threshold)
     if result.outcome == oc.OOM_THRESHOLD:
         out["memory"] = max(out["memory"], 1e-3)
     elif result.outcome == OOM_PREDICTED:
         out["memory"] = 1e-3
     elif result.outcome == oc.OOM_CRASH:
-        out["memory"] = max(out["memory"], 1.0 - threshold + 0.01)
+        out["memory"] = max(out["memory"], memory_margin.crash_excess(result.memory, threshold))
     elif result.outcome in (oc.STARTUP_FAILED, oc.INVALID_FLAGS, oc.TIMEOUT, oc.CRASH):
         out["startup"] = 1.0
         out["memory"] = min(out["memory"], 0.0)
