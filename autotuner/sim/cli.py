@@ -116,9 +116,8 @@ def print_evaluation(ev: Evaluation) -> None:
 
 
 def run_serve(argv: Sequence[str]) -> int:
-    from autotuner.sim.server import serve
-
     from autotuner.sim.gpu_state import state_dir_from_env
+    from autotuner.sim.server import serve
 
     try:
         ns = parse_args(argv)
