@@ -116,11 +116,13 @@ def print_evaluation(ev: Evaluation) -> None:
 
 
 def run_serve(argv: Sequence[str]) -> int:
+    from autotuner.sim.gpu_state import state_dir_from_env
     from autotuner.sim.server import serve
 
     try:
         ns = parse_args(argv)
         config = build_config(ns)
+        state_dir_from_env()  # a symlinked or foreign state directory: refused before anything starts
     except VllmArgError as exc:
         print(exc.message, file=sys.stderr)
         return exc.exit_code
