@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from autotuner.errors import ScenarioError
-from autotuner.secrets import REDACTED, is_secret_name, remember
+from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -342,6 +342,10 @@ class Scenario(_Model):
     budget: BudgetSettings = BudgetSettings()
     storage: str = "sqlite:///autotuner.db"
     source: Path | None = Field(default=None, exclude=True)
+
+    @field_serializer("storage")
+    def _storage_as_stored(self, storage: str) -> str:
+        return display_url(storage)  # a database password never travels with the scenario
 
     def sim_gpu(self) -> str:
         """The simulated GPU: a preset name, or its YAML file resolved against the scenario's folder."""
