@@ -27,6 +27,8 @@ from pydantic import (
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
+from autotuner.sim.hardware import load_gpu
+from autotuner.sim.models import load_model
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -375,13 +377,19 @@ def load_scenario(path: str | Path) -> Scenario:
     text = read_text(path, ScenarioError, "scenario file")
     data, node = compose_yaml(text, path, ScenarioError)
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario is a mapping with at least `engine: {{model: ...}}`")
+        raise ScenarioError(f"{path}:1: (top level): a scenario is a mapping with at least "
+                            "`engine: {model: ...}`")
     try:
         scenario = Scenario.model_validate({**data, "source": path.resolve()})
     except ValidationError as exc:
         raise ScenarioError(first_error(exc, path, lambda loc: line_of(node, loc))) from None
     except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
         raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
+    if scenario.engine.kind in ("sim", "sim-virtual"):
+        # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
+        # before anything is started or written (each error names its own file and line).
+        load_gpu(scenario.sim_gpu())
+        load_model(scenario.engine.model)
     if scenario.workload.requests.kind == "trace":
         trace = scenario.resolve(scenario.workload.requests.path or "")
         line = line_of(node, ("workload", "requests", "path"))

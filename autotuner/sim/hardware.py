@@ -90,7 +90,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         )
     data, node = compose_yaml(read_text(path, HardwareSpecError, "GPU description"), path, HardwareSpecError)
     if not isinstance(data, dict):
-        raise HardwareSpecError(f"{path}: expected a mapping with keys {', '.join(_FILE_FIELDS)} "
+        raise HardwareSpecError(f"{path}:1: (top level): expected a mapping with keys {', '.join(_FILE_FIELDS)} "
                                 "(and optionally product_name)")
     try:
         gpu = GpuFile.model_validate(data)

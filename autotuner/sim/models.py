@@ -110,7 +110,7 @@ def load_model(name_or_dir: str) -> ModelSpec:
 
 def _from_hf_config(name: str, where: Path, data: object, text: str = "") -> ModelSpec:
     if not isinstance(data, dict):
-        raise ModelSpecError(f"{where}: expected a JSON object (a Hugging Face config.json)")
+        raise ModelSpecError(f"{where}:1: (top level): expected a JSON object (a Hugging Face config.json)")
     if "text_config" in data:  # multimodal wrappers keep the LM's shape there
         data = data["text_config"]
         if not isinstance(data, dict):

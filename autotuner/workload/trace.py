@@ -36,7 +36,7 @@ def _parse_line(line: str, require_arrival: bool) -> RequestSpec:
     try:
         obj: Any = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise ValueError(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
         raise ValueError("not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
