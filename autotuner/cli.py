@@ -166,6 +166,7 @@ def tune(
     from autotuner.store.db import Store, storage_error
     from autotuner.tuner.progress import LiveView
     from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+    from autotuner.tuner.space import build_space
     from autotuner.tuner.study import Tuner, parse_duration
     from autotuner.tuner.trial import GpusBusyError
 
@@ -175,6 +176,7 @@ def tune(
         if trials is not None and trials < 1:
             raise UserInputError("--trials must be ≥ 1")
         timeout_s = parse_duration(timeout) if timeout is not None else None
+        build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
         logs = log_dir or autotuner_home() / "logs" / sc.name
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)

@@ -89,8 +89,19 @@ def deployment(selection: Selection, certificate: Certificate) -> Deployment:
 
 # --- shared pieces -----------------------------------------------------------------------------------
 
+def one_line(text: str) -> str:
+    """Every kind of line break (\\r, \\n, U+2028, ...) folded into a space: embedded text such as an
+    engine's multi-line failure reason can never start a line of its own in a file."""
+    return " ".join(text.splitlines())
+
+
 def _comment(lines: list[str]) -> str:
-    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
+    """Comment lines; an embedded line break continues the comment instead of ending it."""
+    out = []
+    for line in lines:
+        parts = line.splitlines() or [""]
+        out += [f"# {part}\n" if part else "#\n" for part in parts]
+    return "".join(out)
 
 
 def _header(d: Deployment, extra: list[str]) -> str:
@@ -178,15 +189,21 @@ def render_compose(d: Deployment) -> str:
 
 
 def _systemd_escape(value: str) -> str:
-    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=.
-    return value.replace("%", "%%").replace("$", "$$")
+    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=; a line break
+    # would end the setting, so control characters are written as C escapes (which systemd decodes).
+    value = value.replace("%", "%%").replace("$", "$$")
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: _C_ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}")
+                  if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", value)
+
+
+_C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def render_systemd(d: Deployment) -> str:
     name = d.served_model_name or d.model
     lines = [
         "[Unit]",
-        f"Description=vLLM serving {_systemd_escape(name)} (autotuner study {d.certificate.study}, "
+        f"Description=vLLM serving {_systemd_escape(one_line(name))} (autotuner study {d.certificate.study}, "
         f"trial {d.certificate.trial})",
         "After=network-online.target",
         "Wants=network-online.target",
@@ -195,7 +212,7 @@ def render_systemd(d: Deployment) -> str:
         "Type=simple",
     ]
     for key, value in d.run_env().items():
-        escaped = _systemd_escape(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
+        escaped = _systemd_escape(f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"'))
         lines.append(f'Environment="{escaped}"')
     lines += [
         f"# Secrets ({', '.join([API_KEY_VAR, *d.secret_env])}) go in this root-only file, never in the unit:",

@@ -124,7 +124,11 @@ def sqlalchemy_url(url: str) -> str:
     if "://" not in url:
         from pathlib import Path
 
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
+        try:
+            return f"sqlite:///{Path(url).expanduser().resolve()}"
+        except (OSError, RuntimeError, ValueError) as exc:  # NUL bytes, ~nosuchuser, a loop of links
+            raise UserInputError(f"storage {url!r}: not a usable path ({exc}); give a SQLite file path or a "
+                                 "SQLAlchemy URL such as postgresql://user@host/db") from None
     return url
 
 
@@ -155,12 +159,17 @@ class Store:
             from pathlib import Path
 
             parent = Path(self.url.removeprefix("sqlite:///")).parent
-            if not parent.is_dir():
+            try:
+                exists = parent.is_dir()
+            except (OSError, ValueError):
+                exists = False
+            if not exists:
                 raise UserInputError(f"storage {shown}: directory {parent} does not exist")
         try:
             self.engine = sa.create_engine(self.url, **engine_kwargs(self.url))
-        except (SQLAlchemyError, ImportError, ValueError) as exc:
-            raise UserInputError(redact(f"storage {shown}: {exc}")) from None
+        except (SQLAlchemyError, ImportError, ValueError, TypeError) as exc:
+            raise UserInputError(redact(f"storage {shown}: {exc}; give a SQLite file path or a SQLAlchemy URL "
+                                        "such as postgresql://user@host/db")) from None
         if self.url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
         try:
@@ -170,7 +179,12 @@ class Store:
                 with self.engine.connect():
                     pass
         except OperationalError as exc:
+            self.engine.dispose()
             raise UserInputError(redact(f"storage {shown} is unreachable: {exc.orig}")) from None
+        except (SQLAlchemyError, ImportError, ValueError, TypeError) as exc:
+            self.engine.dispose()
+            raise UserInputError(redact(f"storage {shown} cannot be used: {getattr(exc, 'orig', None) or exc}")) \
+                from None
 
     def optuna_storage(self):  # type: ignore[no-untyped-def]
         """Optuna's storage on the same database. Shared databases (PostgreSQL: several boxes, one
