@@ -67,10 +67,12 @@ def test_desktop_memory_on_gpu0_is_a_named_baseline_and_clamps_utilization(
 
     store = Store(str(tmp_path / "study.db"))
     tuner = Tuner(sc, MeasureRunner(sc, tmp_path / "logs"), store, n_trials=3, seed=1)
-    high = tuner.space.distributions["gpu-memory-utilization"].high  # type: ignore[attr-defined]
-    assert high == pytest.approx(0.96)  # (24258 - 400 - 512 MiB context margin) / 24258 MiB
     assert build_space(sc).distributions["gpu-memory-utilization"].high == pytest.approx(0.99)  # type: ignore[attr-defined]
     summary = asyncio.run(tuner.run())
+    high = tuner.space.distributions["gpu-memory-utilization"].high  # type: ignore[attr-defined]
+    assert high == pytest.approx(0.96)  # (24258 - 400 - 512 MiB context margin) / 24258 MiB
+    study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
+    assert {t.distributions["gpu-memory-utilization"].high for t in study.trials if t.distributions} == {high}  # type: ignore[attr-defined]
     assert summary.trials_done == 3
     rows = store.trials(tuner.study_name)
     launched = [r for r in rows if r.result.get("argv")]
