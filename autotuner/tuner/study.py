@@ -128,7 +128,7 @@ class Tuner:
         self.scenario = scenario
         self.runner = runner
         self.store = store
-        self.space = fit_utilization_to_free(build_space(scenario), gpu_headroom(scenario))
+        self.space = build_space(scenario)
         self.key = runner.study_key()
         self.study_name = study_name or study_name_for(scenario, self.key.digest())
         self.n_trials = n_trials or scenario.budget.trials
@@ -280,6 +280,9 @@ class Tuner:
             self._unlock()
 
     async def _run(self) -> TuneSummary:
+        # Other processes' memory on the GPUs caps the utilization that can start (GpusBusyError if
+        # another autotuner holds them).
+        self.space = fit_utilization_to_free(self.space, gpu_headroom(self.scenario))
         study, sampler = self._open_study()
         requeued = self._recover(study)
         self._seed_trials(study)

@@ -161,3 +161,30 @@ def test_memory_of_our_sigkilled_engine_is_waited_for_not_refused(home: Path, tm
     assert GpuHost(sim_state).used_bytes(0) > 1 << 30, "the killed engine's memory should still show"
     result = asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", registry=registry))
     assert result.outcome == "ok", result.reason
+
+
+def test_two_tuners_with_different_databases_never_share_the_gpus(home: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = scenario(tmp_path, workload__requests__count=64, workload__requests__output_tokens=256,
+                    engine__sim__speedup=2)
+    first = subprocess.Popen([sys.executable, "-m", "autotuner", "measure", str(path), "--set",
+                              "max-num-batched-tokens=1024", "--set", "gpu-memory-utilization=0.8"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not EngineRegistry().entries():
+            time.sleep(0.2)
+        assert EngineRegistry().entries(), "the first tuner never started its engine"
+        second = subprocess.run([sys.executable, "-m", "autotuner", "tune", str(path), "--storage",
+                                 str(tmp_path / "other.db"), "--trials", "1"],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by another autotuner (pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None, "the first tuner's trial was disturbed"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    assert gpus_released(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"]))
