@@ -9,9 +9,10 @@
    COMPLETE (or changed) at the end (`lost`), trial numbers recorded twice or recorded with another
    state than Optuna's (`duplicated`), engine process groups alive at the end and simulated GPU memory
    still held (`orphans`).
-3. Bad input: every file of `tests/fixtures/bad_inputs/` (when the tree has that corpus) through the CLI;
-   counted: exit 2 with a message, against anything else (`bad_inputs=` is the number of files that
-   did NOT end in exit 2).
+3. Bad input: every file of `tests/fixtures/bad_inputs/` (when the tree has that corpus) through
+   `autotuner tune` (traces, GPU files and model configs inside a scenario that names them); counted:
+   exit 2 with an `error:` line, no traceback and no database written, against anything else
+   (`bad_inputs=` is the number of files that did NOT end that way).
 4. Secrets: a tuning run with canary values in `engine.env`, in the API key variable and in a storage
    URL's password, then `status`, `export` (every format) and `report`; every file written and all
    output is searched for the canaries (`secrets_found`).
@@ -230,23 +231,43 @@ def optuna_trials_launched(db: Path) -> list[int]:
 
 
 # --- 3. bad input -------------------------------------------------------------------------------------
+def _scenario_for(case: Path, scratch: Path) -> Path:
+    """The scenario through which a corpus file reaches `tune` (as tests/test_bad_inputs.py does)."""
+    kind = case.parent.name if case.name != "config.json" else "models"
+    if kind == "scenarios":
+        return case
+    engine: dict[str, object] = {"kind": "sim-virtual", "model": "llama-2-7b", "sim": {"gpu": "a100-80gb"}}
+    doc: dict[str, object] = {"engine": engine}
+    if kind == "traces":
+        engine["kind"] = "sim"
+        doc["workload"] = {"requests": {"kind": "trace", "path": str(case)}, "arrivals": {"kind": "trace"}}
+    elif kind == "gpus":
+        engine["sim"] = {"gpu": str(case)}
+    else:
+        engine["model"] = str(case.parent)
+    path = scratch / f"{case.parent.name}-{case.stem}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def run_bad_inputs(work: Path, tally: Tally) -> int | None:
     if not CORPUS.is_dir():
         print("bad inputs: no corpus in tests/fixtures/bad_inputs/ in this tree")
         return None
-    env = {**os.environ, "AUTOTUNER_HOME": str(work / "bad-home"), "AUTOTUNER_SIM_STATE_DIR": str(work / "bad-gpus")}
+    scratch = work / "bad"
+    scratch.mkdir()
+    env = {**os.environ, "AUTOTUNER_HOME": str(scratch / "home"), "AUTOTUNER_SIM_STATE_DIR": str(scratch / "gpus")}
     files = sorted(p for p in CORPUS.rglob("*") if p.is_file() and not p.name.lower().startswith("readme"))
     not_two = 0
     for path in files:
-        out = work / "bad" / path.name
-        out.parent.mkdir(exist_ok=True)
-        done = tally.run([PY, "-m", "autotuner", "tune", str(path), "--storage", str(out) + ".db", "--trials", "1"],
-                         env, timeout=120)
-        ok = done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr
+        db = scratch / f"{path.parent.name}-{path.stem}.db"
+        done = tally.run([PY, "-m", "autotuner", "tune", str(_scenario_for(path, scratch)), "--storage", str(db),
+                          "--trials", "1"], env, timeout=120, cwd=scratch)
+        ok = done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr and not db.exists()
         not_two += not ok
         if not ok:
             print(f"  {path.relative_to(CORPUS)}: exit {done.returncode}: {done.stderr.strip()[-200:]}")
-    print(f"bad inputs: {len(files) - not_two}/{len(files)} files refused with exit 2 and a message")
+    print(f"bad inputs: {len(files) - not_two}/{len(files)} files refused with exit 2, a message, nothing written")
     return not_two
 
 
