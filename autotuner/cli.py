@@ -42,6 +42,14 @@ def sim_evaluate(ctx: typer.Context) -> None:
     raise typer.Exit(run_evaluate(ctx.args))
 
 
+@sim_app.command("hold", context_settings=_PASSTHROUGH, add_help_option=False)
+def sim_hold(ctx: typer.Context) -> None:
+    """--gpu I --mib N [--unlisted]: hold simulated GPU memory as a foreign process until killed."""
+    from autotuner.sim.cli import run_hold
+
+    raise typer.Exit(run_hold(ctx.args))
+
+
 def _fail(exc: Exception) -> typer.Exit:
     """Bad input: one clear message, exit code 2, nothing written."""
     typer.echo(f"error: {exc}", err=True)
@@ -139,6 +147,8 @@ def verify(
         verdict = run_verify(base_url, model, api_key_env, sc)
     except UserInputError as exc:
         raise _fail(exc) from None
+    for note in verdict.notes:
+        typer.echo(f"note: {note}")
     m = verdict.metrics
     if m:
         typer.echo(f"model {verdict.model}: {m.get('completed')} ok, {m.get('failed')} failed; "
@@ -189,13 +199,15 @@ def tune(
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
-        from autotuner.store.db import Store
+        from autotuner.store.db import Store, storage_error
         from autotuner.tuner.progress import LiveView
         from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+        from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner, parse_duration
         from autotuner.tuner.trial import GpusBusyError
 
         timeout_s = parse_duration(timeout) if timeout is not None else None
+        build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
         view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None
@@ -218,6 +230,13 @@ def tune(
             summary = asyncio.run(main())
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
+    except Exception as exc:
+        # The database failed under the study (disk full, locked, read-only): say so once, no traceback.
+        failure = storage_error(exc, store.url)
+        if failure is None:
+            raise
+        typer.echo(f"error: {failure}", err=True)
+        raise typer.Exit(1) from None
     _print_summary(summary)
     raise typer.Exit(summary.exit_code)  # type: ignore[attr-defined]
 

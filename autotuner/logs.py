@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
+from typing import Any
 
 import structlog
+
+from autotuner.secrets import redact
 
 
 class _Stderr:
@@ -18,6 +22,24 @@ class _Stderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+def redact_secrets(_logger: object, _method: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """The safety net under every log line: known secret values and URL passwords become ***, in
+    every value, however deeply nested."""
+    return {key: _redacted(value) for key, value in event.items()}
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(v) for v in value)
+    if isinstance(value, BaseException | Path):
+        return redact(str(value))
+    return value
 
 
 def configure(verbose: bool = False, json_lines: bool | None = None) -> None:
@@ -32,6 +54,8 @@ def configure(verbose: bool = False, json_lines: bool | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -9,13 +9,26 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from autotuner.errors import ScenarioError
+from autotuner.filelines import compose_yaml, first_error, line_of, read_text
+from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
+from autotuner.sim.hardware import load_gpu
+from autotuner.sim.models import load_model
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -23,6 +36,7 @@ from autotuner.workload.spec import (
     TraceRequests,
     WorkloadSpec,
 )
+from autotuner.workload.trace import load_trace
 
 FlagValue = bool | int | float | str | list[str | int | float]
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -33,16 +47,28 @@ RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "mod
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _expand(text: str) -> str:
+def _expand(text: str, environ: Mapping[str, str] | None = None) -> str:
     """`${VAR}` in engine.command, engine.model and engine.env comes from the environment."""
+    env = os.environ if environ is None else environ
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
-        if name not in os.environ:
+        if name not in env:
             raise ValueError(f"{text!r} uses ${{{name}}}, which is not set in the environment")
-        return os.environ[name]
+        return env[name]
 
     return _VAR.sub(value, text)
+
+
+def variables(text: str) -> list[str]:
+    """The names a `${VAR}` text refers to."""
+    return _VAR.findall(text)
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Validating a scenario read back from the database: its `${VAR}`s are names, not to be looked up
+    (the variables may not exist where the study is exported)."""
+    return bool(info.context and info.context.get("stored"))
 
 
 class _Model(BaseModel):
@@ -102,8 +128,35 @@ class EngineSettings(_Model):
 
     @field_validator("env")
     @classmethod
-    def _env(cls, env: dict[str, str]) -> dict[str, str]:
-        return {k: _expand(str(v)) for k, v in env.items()}
+    def _env(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        """Kept as written: `${VAR}` is looked up at launch (`resolved_env`), so the value never reaches
+        the database. Checked here, so that a missing variable is bad input at load."""
+        if not _stored(info):
+            for key, value in env.items():
+                resolved = _expand(str(value))
+                if is_secret_name(key) or any(is_secret_name(name) for name in variables(str(value))):
+                    remember(resolved)
+        return {k: str(v) for k, v in env.items()}
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key(cls, name: str | None, info: ValidationInfo) -> str | None:
+        if name is not None and not _stored(info):
+            remember(os.environ.get(name))
+        return name
+
+    @field_serializer("env")
+    def _env_as_stored(self, env: dict[str, str]) -> dict[str, str]:
+        """`${VAR}` references as written; a literal value under a secret-looking name, masked."""
+        return {k: v if not is_secret_name(k) or (variables(v) and not _VAR.sub("", v).strip()) else REDACTED
+                for k, v in env.items()}
+
+    def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """engine.env with `${VAR}` looked up now: for the engine's process, never for storage."""
+        try:
+            return {k: _expand(v, environ) for k, v in self.env.items()}
+        except ValueError as exc:
+            raise ScenarioError(f"engine.env: {exc}") from None
 
     @property
     def name(self) -> str:
@@ -223,6 +276,8 @@ class WorkloadSettings(_Model):
 class MonitorSettings(_Model):
     kind: Literal["nvml", "sim", "host", "auto"] = "auto"
     hz: float = Field(default=100.0, gt=0, le=1000)
+    # Other processes' memory per GPU (a desktop on GPU 0) a trial may run beside; above it, busy.
+    foreign_allowance_mib: int = Field(default=1024, ge=0)
 
 
 class OomThreshold(_Model):
@@ -285,12 +340,17 @@ class Scenario(_Model):
         Objective(metric="output_tokens_per_s", direction="maximize"),
         Objective(metric="ttft_p95_s", direction="minimize"),
     ], min_length=1)
-    slos: dict[Metric, float] = Field(default_factory=dict)
+    # A limit of 0 or below can never be met and the constraints divide by it: refused at load.
+    slos: dict[Metric, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=dict)
     current_config: dict[str, FlagValue] = Field(default_factory=dict,
                                                  description="the flags deployed today, for the baseline")
     budget: BudgetSettings = BudgetSettings()
     storage: str = "sqlite:///autotuner.db"
     source: Path | None = Field(default=None, exclude=True)
+
+    @field_serializer("storage")
+    def _storage_as_stored(self, storage: str) -> str:
+        return display_url(storage)  # a database password never travels with the scenario
 
     def sim_gpu(self) -> str:
         """The simulated GPU: a preset name, or its YAML file resolved against the scenario's folder."""
@@ -314,80 +374,29 @@ class Scenario(_Model):
 
 # --- loading ----------------------------------------------------------------------------------------
 
-class _LineLoader(yaml.SafeLoader):
-    """Keeps each mapping's node so that errors can name the line of the offending key."""
-
-
-def _compose(text: str, path: Path) -> tuple[Any, yaml.Node | None]:
-    try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{where}: not valid YAML: {problem}") from None
-    return data, node
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
-    line = None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if key.value == part:
-                    line, node = key.start_mark.line + 1, value
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
-
-def _describe(error: dict[str, Any]) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected', '')}"
-    if kind == "missing":
-        return "is required"
-    message = str(error["msg"])
-    return message.removeprefix("Value error, ")
-
-
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    data, node = _compose(text, path)
+    text = read_text(path, ScenarioError, "scenario file")
+    data, node = compose_yaml(text, path, ScenarioError)
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario is a mapping with at least `engine: {{model: ...}}`")
+        raise ScenarioError(f"{path}:1: (top level): a scenario is a mapping with at least "
+                            "`engine: {model: ...}`")
     try:
         scenario = Scenario.model_validate({**data, "source": path.resolve()})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "_"))))
-        line = _line_of(node, loc)
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        where = f"{path}:{line}" if line else str(path)
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-        got = first.get("input")
-        # The value errors of our validators already say what they got.
-        shown = f", got {got!r}" if isinstance(got, str | int | float) and first["type"] != "value_error" \
-            else ""
-        raise ScenarioError(f"{where}: {field}: {_describe(first)}{shown}{more}") from None
+        raise ScenarioError(first_error(exc, path, lambda loc: line_of(node, loc))) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
+        raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
+    if scenario.engine.kind in ("sim", "sim-virtual"):
+        # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
+        # before anything is started or written (each error names its own file and line).
+        load_gpu(scenario.sim_gpu())
+        load_model(scenario.engine.model)
     if scenario.workload.requests.kind == "trace":
         trace = scenario.resolve(scenario.workload.requests.path or "")
+        line = line_of(node, ("workload", "requests", "path"))
         if not trace.is_file():
-            raise ScenarioError(f"{path}: workload.requests.path: no such trace file {trace}")
+            raise ScenarioError(f"{path}:{line}: workload.requests.path: no such trace file {trace}")
+        # Read now, so that a bad line is refused before anything starts (the error names trace:line).
+        load_trace(trace, require_arrival=scenario.workload.arrivals.kind == "trace")
     return scenario

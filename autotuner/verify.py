@@ -15,7 +15,7 @@ from autotuner.errors import UserInputError
 from autotuner.monitor import MemorySummary, Sampler
 from autotuner.monitor.base import MemoryMonitor, MonitorConfigError
 from autotuner.monitor.factory import open_monitor
-from autotuner.scenario import Scenario, WorkloadSettings
+from autotuner.scenario import LengthSettings, Scenario, WorkloadSettings
 from autotuner.workload.client import RequestResult, StreamingClient, http_client
 from autotuner.workload.proxies import through_proxy
 from autotuner.workload.replay import replay
@@ -34,6 +34,8 @@ SEED_CHECK = WorkloadSettings.model_validate({
 
 # What a proxy answers when it could not reach (or be allowed to reach) the endpoint behind it.
 _PROXY_STATUSES = (403, 407, 502, 503, 504)
+# Room left for what the server adds to a prompt (BOS, chat template) beyond the counted tokens.
+CONTEXT_MARGIN_TOKENS = 16
 
 
 @dataclass
@@ -43,6 +45,49 @@ class Verdict:
     metrics: dict[str, float | int | None] = field(default_factory=dict)
     memory: MemorySummary | None = None
     model: str | None = None
+    notes: list[str] = field(default_factory=list)  # what verify adapted, e.g. prompts fitted to the context
+
+
+def _largest(length: LengthSettings) -> int | None:
+    """The longest a length distribution can draw (None: unbounded)."""
+    if length.kind == "fixed":
+        return min(length.value or 1, length.max or length.value or 1)
+    if length.kind == "uniform":
+        return min(length.high or 1, length.max or length.high or 1)
+    return length.max
+
+
+def _capped(length: LengthSettings, cap: int) -> LengthSettings:
+    data = length.model_dump()
+    if length.kind == "fixed":
+        data["value"] = min(length.value or 1, cap)
+    elif length.kind == "uniform":
+        data["high"] = min(length.high or 1, cap)
+        data["low"] = min(length.low or 1, data["high"])
+    data["max"] = min(length.max or cap, cap)
+    data["min"] = min(length.min, data["max"])
+    return LengthSettings.model_validate(data)
+
+
+def fit_to_context(workload: WorkloadSettings, max_model_len: int) -> tuple[WorkloadSettings, str | None]:
+    """Synthetic prompts cut so that prompt + output ≤ the served context (`max_model_len`), with a
+    sentence saying so; unchanged (and None) when they already fit or the workload is a trace."""
+    requests = workload.requests
+    if requests.kind != "synthetic":
+        return workload, None
+    output, prompt = requests.output_tokens, requests.prompt_tokens
+    out_max = _largest(output)
+    if out_max is None or out_max > max_model_len // 2:
+        out_max = max(1, min(out_max or max_model_len, max_model_len // 8))
+        output = _capped(output, out_max)
+    cap = max(1, max_model_len - out_max - CONTEXT_MARGIN_TOKENS)
+    prompt_max = _largest(prompt)
+    if prompt_max is not None and prompt_max <= cap and output is requests.output_tokens:
+        return workload, None
+    fitted = requests.model_copy(update={"prompt_tokens": _capped(prompt, cap), "output_tokens": output})
+    note = (f"the server's context is {max_model_len} tokens (max_model_len from /v1/models): prompts fitted "
+            f"to at most {cap} tokens and outputs to at most {out_max}, so that prompt + output fits")
+    return workload.model_copy(update={"requests": fitted}), note
 
 
 def _check_url(base_url: str) -> str:
@@ -82,7 +127,8 @@ def _unreachable(base_url: str, exc: Exception) -> str:
 
 
 async def _models(http: httpx.AsyncClient, base_url: str, headers: dict[str, str], key_env: str | None,
-                  problems: list[str]) -> list[str] | None:
+                  problems: list[str]) -> dict[str, int | None] | None:
+    """Served model names and each one's context length (vLLM's `max_model_len`; None if not given)."""
     try:
         r = await http.get(base_url + "/v1/models", headers=headers, timeout=15)
     except httpx.HTTPError as exc:
@@ -104,11 +150,16 @@ async def _models(http: httpx.AsyncClient, base_url: str, headers: dict[str, str
         return None
     try:
         data = r.json().get("data", [])
-        return [str(m["id"]) for m in data]
+        return {str(m["id"]): _context_length(m) for m in data}
     except (ValueError, AttributeError, KeyError, TypeError):
         problems.append("GET /v1/models did not answer an OpenAI model list: is this an OpenAI-compatible "
                         "server (or a gateway route to one)?")
         return None
+
+
+def _context_length(entry: dict[str, object]) -> int | None:
+    value = entry.get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _explain(results: list[RequestResult], model: str, served: list[str], key_env: str | None) -> list[str]:
@@ -141,9 +192,10 @@ async def verify(base_url: str, model: str | None, key_env: str | None, scenario
     problems: list[str] = []
     workload = scenario.workload if scenario is not None else SEED_CHECK
     async with http_client(trust_env=True) as http:  # the user's endpoint: their proxy settings apply
-        served = await _models(http, base_url, headers, key_env, problems)
-        if served is None:
+        contexts = await _models(http, base_url, headers, key_env, problems)
+        if contexts is None:
             return Verdict(False, problems)
+        served = list(contexts)
         if model is None:
             if len(served) != 1:
                 return Verdict(False, [f"the server serves {', '.join(served) or 'no model'}; pick one with --model"])
@@ -151,6 +203,11 @@ async def verify(base_url: str, model: str | None, key_env: str | None, scenario
         elif model not in served:
             return Verdict(False, [f"the server does not serve a model named {model!r}; it serves "
                                    f"{', '.join(served)}. Pass --model with one of those."], model=model)
+        notes: list[str] = []
+        context = contexts[model]
+        if context is not None:
+            workload, note = fit_to_context(workload, context)
+            notes += [note] if note else []
         spec = workload.to_spec(scenario.source.parent if scenario and scenario.source else None)
         request_set = await build_requests(spec, http, base_url, model, key)
         client = StreamingClient(http, base_url, model, key, ignore_eos=spec.ignore_eos,
@@ -165,7 +222,7 @@ async def verify(base_url: str, model: str | None, key_env: str | None, scenario
     problems += request_set.warnings
     problems += _explain(result.results, model, served, key_env)
     ok = all(r.ok for r in result.results) and bool(result.results)
-    return Verdict(ok, problems, summarize(result.results, result.duration_s), memory, model)
+    return Verdict(ok, problems, summarize(result.results, result.duration_s), memory, model, notes)
 
 
 def local_monitor() -> MemoryMonitor | None:

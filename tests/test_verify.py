@@ -103,3 +103,15 @@ def test_responses_without_choices_are_explained() -> None:
     assert done.returncode == 1
     assert "without `choices`" in done.stderr
     assert "does not speak the OpenAI completions format" in done.stderr
+
+
+def test_prompts_are_fitted_to_the_served_context(sim_server) -> None:
+    """The default check's prompts (3000–6000 tokens) would not fit a 4096-token context: verify reads
+    max_model_len from /v1/models, shortens them, says so, and the endpoint is not called broken."""
+    server = sim_server.start(["llama-2-13b", "-tp", "8", "--max-model-len", "4096", "--sim-speedup", "50",
+                               "--gpu-memory-utilization", "0.8", "--max-num-batched-tokens", "1024"])
+    done = verify("--base-url", server.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "model llama-2-13b: 8 ok, 0 failed" in done.stdout
+    assert "the server's context is 4096 tokens" in done.stdout
+    assert "prompts fitted to at most 4016 tokens" in done.stdout

@@ -18,6 +18,10 @@ STARTUP_FAILED = "startup-failed"
 INVALID_FLAGS = "invalid-flags"
 TIMEOUT = "timeout"
 CRASH = "crash"
+# Machine faults, never the candidate's: no memory evidence (the sampler failed), and another
+# process's GPU memory grew during the trial. Both are retried, never feasible, never exported.
+MONITOR_FAILED = "monitor-failed"
+INTERFERENCE = "interference"
 
 # (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
 # specific failure seen in the whole log wins overall (see _RANK).
@@ -42,6 +46,7 @@ _RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
         (r"(torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError): CUDA out of memory\..*", STARTUP_FAILED,
          OOM_CRASH),
         (r"Address already in use.*|could not serve on .*", CRASH, CRASH),
+        (r"Worker proc \S+ died unexpectedly.*", CRASH, CRASH),
         (r"EngineDeadError: .*", CRASH, CRASH),
         (r"Engine core initialization failed.*", STARTUP_FAILED, CRASH),
     )
@@ -78,6 +83,12 @@ class LogFacts:
     stopping: bool = False
     _reason_rank: int = field(default=-1, repr=False)
     _previous: str = field(default="", repr=False)
+
+    @property
+    def fatal(self) -> bool:
+        """The engine said, after it was ready, that it cannot go on (a runtime CUDA OOM, a dead worker,
+        EngineDeadError): it may linger or hang, but it will not serve again."""
+        return self.failure is not None and self.failure_after_ready
 
     def feed(self, line: str, ready: bool = False) -> None:
         self.lines += 1

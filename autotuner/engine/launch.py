@@ -111,7 +111,7 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
         argv += ["--sim-gpu", scenario.sim_gpu(), "--sim-speedup", str(sim.speedup), "--sim-seed", str(sim.seed)]
         if sim.gpus is not None:
             argv += ["--sim-gpus", str(sim.gpus)]
-    env = {**environ, **engine.env}
+    env = {**environ, **engine.resolved_env(environ)}
     env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
     if engine.gpus is not None:
         # NVML numbers GPUs by PCI bus; CUDA, by default, fastest first. Make them agree, so the

@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
+import psutil
 
 from autotuner.engine.classify import LogFacts
-from autotuner.engine.registry import EngineRegistry, group_members, kill_group
+from autotuner.engine.registry import EngineRegistry, engine_processes, stop_processes
+from autotuner.proc_identity import create_time
 
 TAIL_LINES = 200
 
@@ -45,6 +47,8 @@ class EngineProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
         self._started_at = 0.0
+        self._leader_create_time = 0.0
+        self._members: dict[int, float] = {}  # pid -> create time, every process of ours seen
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._stop_offset: int | None = None
@@ -73,9 +77,50 @@ class EngineProcess:
                 self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.registry.add(self._proc.pid, self.argv[0])
-        self._pump = threading.Thread(target=self._follow_log, name="engine-log", daemon=True)
-        self._pump.start()
+        try:
+            self._leader_create_time = create_time(self._proc.pid) or self._started_at
+            self._members[self._proc.pid] = self._leader_create_time
+            self.registry.add(self._proc.pid, self.argv[0], self._leader_create_time)
+            self._pump = threading.Thread(target=self._follow_log, name="engine-log", daemon=True)
+            self._pump.start()
+        except BaseException:
+            # Not on record: nobody could ever stop it. Stop it now, then say why we could not go on.
+            self._kill_unrecorded()
+            raise
+
+    def _kill_unrecorded(self) -> None:
+        assert self._proc is not None
+        self.mark_stopping()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=10)
+        stop_processes(self.processes(), grace_s=0.0)
+        self._closed.set()
+
+    def processes(self) -> list[psutil.Process]:
+        """The engine's live processes now (recorded ones, and its session's members)."""
+        if self._proc is None:
+            return []
+        with self._lock:
+            recorded = list(self._members.items())
+        procs = engine_processes(self._proc.pid, self._leader_create_time, recorded)
+        with self._lock:
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    self._members.setdefault(proc.pid, proc.create_time())
+        return procs
+
+    def record_members(self) -> None:
+        """Put the engine's current processes on record, so a later run can stop exactly those."""
+        if self._proc is not None:
+            self.registry.record_members(self._proc.pid, self.processes())
+
+    @property
+    def known_pids(self) -> set[int]:
+        """Every PID of this engine seen so far (alive or not): its GPU memory is ours, not foreign."""
+        with self._lock:
+            return set(self._members)
 
     def _follow_log(self) -> None:
         """Tail the log file into memory and the classifier until the engine is gone and read out."""
@@ -158,8 +203,7 @@ class EngineProcess:
                 os.kill(self._proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=grace_s)
-        gone = kill_group(self._proc.pid, self._started_at, grace_s=0.0) \
-            if group_members(self._proc.pid, not_before=self._started_at) else True
+        gone = stop_processes(self.processes(), grace_s=0.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=5)
         # Children write after the leader exits: read the log to its end before closing it.
@@ -167,7 +211,7 @@ class EngineProcess:
         if self._pump is not None:
             self._pump.join(timeout=5)
         if gone:
-            self.registry.remove(self._proc.pid)
+            self.registry.remove(self._proc.pid, self.known_pids)
         return gone
 
     def log_tail(self, lines: int = 40) -> list[str]:

@@ -14,6 +14,7 @@ from autotuner.export.select import Selection, StudyData
 from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.tuner import memory_margin
 from autotuner.tuner.trial import threshold_of
 
 # The figures a deployer asks about first, in the order they are shown.
@@ -63,6 +64,7 @@ class Certificate:
     simulator: str | None
     target: list[str] = field(default_factory=list)
     autotuner_version: str = __version__
+    foreign: str | None = None  # other processes' memory the trial was measured beside
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +85,8 @@ class Certificate:
         out += [f"  GPU {g.index}: peak {g.peak_gib:.2f} GiB of {g.total_gib:.2f} GiB, headroom "
                 f"{g.headroom_gib:.2f} GiB ({g.headroom_pct:.1f} %), threshold {g.threshold_gib:.2f} GiB"
                 for g in self.memory]
+        if self.foreign:
+            out.append(self.foreign)
         out += [
             f"engine: vLLM {self.engine_version}",
             f"GPUs: {inventory_summary(self.gpu_inventory)}",
@@ -110,8 +114,22 @@ def build_certificate(selection: Selection, target: list[str]) -> Certificate:
         engine_version=key.engine_version, gpu_inventory=list(key.gpu_inventory), model=study.scenario.engine.model,
         model_fingerprint=key.model_fingerprint, workload_fingerprint=key.workload_fingerprint,
         workload=workload_text(study.scenario), baseline=_baseline(selection.baseline),
-        simulator=simulator_note(study, chosen), target=list(target),
+        simulator=simulator_note(study, chosen), target=list(target), foreign=foreign_line(chosen),
     )
+
+
+def foreign_line(trial: TrialRecord) -> str | None:
+    """The foreign baseline as a condition: the margins hold only while others hold no more."""
+    foreign = trial.memory.get("foreign")
+    if not isinstance(foreign, list):
+        return None
+    held = [f for f in foreign if int(f.get("bytes") or 0) > 0]
+    if not held:
+        return "valid while no other process holds memory on its GPUs (none did when it was measured)"
+    return "valid while " + "; ".join(
+        f"GPU {f['index']} carries at most {-(-int(f['bytes']) // (1 << 20))} MiB of other processes"
+        + (f" ({', '.join(p['name'] + ' pid ' + str(p['pid']) for p in f.get('processes') or [])})"
+           if f.get("processes") else "") for f in held)
 
 
 def certified_metrics(trial: TrialRecord) -> dict[str, float | int | None]:
@@ -136,10 +154,7 @@ def headroom(trial: TrialRecord, scenario: Scenario) -> list[GpuHeadroom]:
 
 
 def threshold_text(scenario: Scenario) -> str:
-    t = scenario.oom_threshold
-    if t.fraction is not None:
-        return f"{t.fraction:.0%} of each GPU's memory"
-    return f"{t.min_free_mib} MiB left free on each GPU"
+    return memory_margin.describe(threshold_of(scenario))
 
 
 def _length(settings: LengthSettings) -> str:

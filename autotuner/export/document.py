@@ -39,21 +39,27 @@ class Document:
         return [b for s in self.sections for b in s.blocks if isinstance(b, Image)]
 
 
+def _md_line(text: str) -> str:
+    """Embedded text on one line (every kind of line break folded): it cannot end a heading or a row."""
+    return " ".join(text.splitlines())
+
+
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return _md_line(text).replace("|", "\\|")
 
 
 def to_markdown(doc: Document) -> str:
-    out = [f"# {doc.title}", ""]
+    out = [f"# {_md_line(doc.title)}", ""]
     for section in doc.sections:
-        out += [f"## {section.title}", ""]
+        out += [f"## {_md_line(section.title)}", ""]
         for block in section.blocks:
             if isinstance(block, Table):
                 out.append("| " + " | ".join(_md_cell(h) for h in block.header) + " |")
                 out.append("|" + "---|" * len(block.header))
                 out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
             elif isinstance(block, Image):
-                out.append(f"![{block.alt}]({block.filename})")
+                alt = _md_line(block.alt).replace("[", "\\[").replace("]", "\\]")
+                out.append(f"![{alt}]({block.filename})")
             else:
                 out.append(block)
             out.append("")

@@ -21,11 +21,11 @@ import yaml
 from autotuner.engine.launch import API_KEY_VAR, flag_argv
 from autotuner.export.certificate import Certificate
 from autotuner.export.select import Selection
-from autotuner.scenario import RESERVED_FLAGS, FlagValue
+from autotuner.scenario import RESERVED_FLAGS, FlagValue, variables
+from autotuner.secrets import is_secret_name
 
 Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
 FORMATS: tuple[str, ...] = get_args(Format)
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 IMAGE = "vllm/vllm-openai"
 PORT = 8000
 _PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
@@ -33,7 +33,13 @@ _PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
 
 def is_secret(name: str) -> bool:
     """Same rule as the launcher's redaction: such variables never reach an exported file."""
-    return any(word in name.upper() for word in SECRET_WORDS)
+    return is_secret_name(name)
+
+
+def from_environment(name: str, value: str) -> bool:
+    """A variable the deployment supplies itself: a secret, or a value the scenario took from the
+    tuner's environment (`${VAR}`), which the study stored by name only."""
+    return is_secret(name) or bool(variables(value))
 
 
 @dataclass
@@ -72,8 +78,8 @@ def deployment(selection: Selection, certificate: Certificate) -> Deployment:
     study = selection.study
     engine = study.scenario.engine
     flags = {k: v for k, v in selection.chosen.flags.items() if k not in RESERVED_FLAGS}
-    env = {k: v for k, v in engine.env.items() if not is_secret(k) and k != API_KEY_VAR}
-    secrets = sorted({k for k in engine.env if is_secret(k)} - {API_KEY_VAR})
+    env = {k: v for k, v in engine.env.items() if not from_environment(k, v) and k != API_KEY_VAR}
+    secrets = sorted({k for k, v in engine.env.items() if from_environment(k, v)} - {API_KEY_VAR})
     return Deployment(model=engine.model, served_model_name=engine.served_model_name, flags=flags, env=env,
                       secret_env=secrets, needs_api_key=engine.api_key_env is not None,
                       gpu_count=len(study.record.key.gpu_inventory) or 1, gpu_ids=engine.gpus,
@@ -83,8 +89,19 @@ def deployment(selection: Selection, certificate: Certificate) -> Deployment:
 
 # --- shared pieces -----------------------------------------------------------------------------------
 
+def one_line(text: str) -> str:
+    """Every kind of line break (\\r, \\n, U+2028, ...) folded into a space: embedded text such as an
+    engine's multi-line failure reason can never start a line of its own in a file."""
+    return " ".join(text.splitlines())
+
+
 def _comment(lines: list[str]) -> str:
-    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
+    """Comment lines; an embedded line break continues the comment instead of ending it."""
+    out = []
+    for line in lines:
+        parts = line.splitlines() or [""]
+        out += [f"# {part}\n" if part else "#\n" for part in parts]
+    return "".join(out)
 
 
 def _header(d: Deployment, extra: list[str]) -> str:
@@ -97,7 +114,8 @@ def _secret_notes(d: Deployment) -> list[str]:
         notes.append(f"API key: the study served with one; set {API_KEY_VAR} in the deployment's environment "
                      "(vLLM reads it there; never put --api-key on a command line)")
     if d.secret_env:
-        notes.append(f"secrets left out, supply them from the environment: {', '.join(d.secret_env)}")
+        notes.append(f"secrets and ${{VAR}} values left out, supply them from the environment: "
+                     f"{', '.join(d.secret_env)}")
     return notes
 
 
@@ -171,15 +189,21 @@ def render_compose(d: Deployment) -> str:
 
 
 def _systemd_escape(value: str) -> str:
-    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=.
-    return value.replace("%", "%%").replace("$", "$$")
+    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=; a line break
+    # would end the setting, so control characters are written as C escapes (which systemd decodes).
+    value = value.replace("%", "%%").replace("$", "$$")
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: _C_ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}")
+                  if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", value)
+
+
+_C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def render_systemd(d: Deployment) -> str:
     name = d.served_model_name or d.model
     lines = [
         "[Unit]",
-        f"Description=vLLM serving {_systemd_escape(name)} (autotuner study {d.certificate.study}, "
+        f"Description=vLLM serving {_systemd_escape(one_line(name))} (autotuner study {d.certificate.study}, "
         f"trial {d.certificate.trial})",
         "After=network-online.target",
         "Wants=network-online.target",
@@ -188,7 +212,7 @@ def render_systemd(d: Deployment) -> str:
         "Type=simple",
     ]
     for key, value in d.run_env().items():
-        escaped = _systemd_escape(f"{key}={value}").replace("\\", "\\\\").replace('"', '\\"')
+        escaped = _systemd_escape(f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"'))
         lines.append(f'Environment="{escaped}"')
     lines += [
         f"# Secrets ({', '.join([API_KEY_VAR, *d.secret_env])}) go in this root-only file, never in the unit:",

@@ -21,9 +21,11 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.export.slo import Slo, combine
 from autotuner.scenario import Scenario
+from autotuner.secrets import display_url, redact
 from autotuner.store.db import Store, StudyRecord, TrialRecord, sqlalchemy_url
+from autotuner.tuner import memory_margin
 from autotuner.tuner.study import constraints_of
-from autotuner.tuner.trial import TrialResult
+from autotuner.tuner.trial import TrialResult, threshold_of
 
 Policy = Literal["max-throughput", "min-ttft", "knee"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -85,16 +87,17 @@ class Selection:
 def open_store(storage: str) -> Store:
     """An existing study database, opened without creating anything in it."""
     url = sqlalchemy_url(storage)
+    storage = display_url(storage)  # what messages show: never a password
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if not path.is_file():
             raise UserInputError(f"storage {storage}: no such database file {path}; give the --storage that "
                                  "`autotuner tune` used")
-    store = Store(storage, create=False)
+    store = Store(url, create=False)
     try:
         has_studies = sa.inspect(store.engine).has_table("at_studies")
     except SQLAlchemyError as exc:
-        raise UserInputError(f"storage {storage} cannot be read: {getattr(exc, 'orig', exc)}") from None
+        raise UserInputError(redact(f"storage {storage} cannot be read: {getattr(exc, 'orig', exc)}")) from None
     if not has_studies:
         raise UserInputError(f"storage {storage} holds no autotuner study: run `autotuner tune SCENARIO "
                              f"--storage {storage}` first")
@@ -103,6 +106,7 @@ def open_store(storage: str) -> Store:
 
 def load_study(storage: str, name: str | None) -> StudyData:
     store = open_store(storage)
+    storage = display_url(storage)
     studies = store.studies()
     if not studies:
         raise UserInputError(f"storage {storage} holds no study: run `autotuner tune SCENARIO --storage {storage}` "
@@ -129,7 +133,7 @@ def load_study(storage: str, name: str | None) -> StudyData:
 def read_study(store: Store, record: StudyRecord, storage: str, note: str | None = None) -> StudyData:
     """The study with its scenario rebuilt and its trials (possibly none yet)."""
     try:
-        scenario = Scenario.model_validate(record.scenario)
+        scenario = Scenario.model_validate(record.scenario, context={"stored": True})
     except ValidationError as exc:
         raise UserInputError(f"study {record.study_name}: its stored scenario no longer validates "
                              f"({exc.errors()[0]['msg']}); re-tune with the current autotuner") from None
@@ -148,8 +152,11 @@ def infeasible_reason(trial: TrialRecord, scenario: Scenario) -> str | None:
                          memory=trial.memory)
     constraints = constraints_of(result, scenario)
     if constraints["memory"] > 0:
-        threshold = scenario.oom_threshold.fraction or 0.97
-        return f"memory peak {trial.memory.get('peak_fraction', 0):.1%} ≥ threshold {threshold:.0%}"
+        threshold = threshold_of(scenario)
+        peak = f"memory peak {trial.memory.get('peak_fraction', 0):.1%}"
+        if threshold.fraction is not None:
+            return f"{peak} ≥ threshold {threshold.fraction:.0%}"
+        return f"{peak} leaves under {threshold.min_free_mib:g} MiB free ({memory_margin.describe(threshold)})"
     if constraints["requests"] > 0:
         m = trial.metrics
         return f"{m.get('failed') or 0} of {(m.get('completed') or 0) + (m.get('failed') or 0)} requests failed"

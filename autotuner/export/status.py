@@ -8,6 +8,7 @@ from rich.table import Table
 from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_store, read_study, verdict
 from autotuner.export.slo import scenario_slos
 from autotuner.export.units import flag_value, percent, seconds
+from autotuner.secrets import display_url
 
 
 def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:
@@ -18,15 +19,16 @@ def run_status(storage: str, study: str | None = None, console: Console | None =
     store = open_store(storage)
     records = store.studies()
     if not records:
-        console.print(f"no study in {storage} yet: run `autotuner tune SCENARIO --storage {storage}`")
+        shown = display_url(storage)
+        console.print(f"no study in {shown} yet: run `autotuner tune SCENARIO --storage {shown}`")
         return 0
-    table = Table(title=f"studies in {storage}", title_justify="left")
+    table = Table(title=f"studies in {display_url(storage)}", title_justify="left")
     for column in ("study", "scenario", "complete", "failed", "feasible", "OOM", "best output tok/s",
                    "baseline"):
         table.add_column(column, overflow="fold", justify="right" if column in ("complete", "failed", "feasible",
                                                                                  "OOM") else "left")
     for record in records:
-        data = read_study(store, record, storage)
+        data = read_study(store, record, display_url(storage))
         analysis = analyse(data, scenario_slos(data.scenario.slos))
         trials = data.trials
         best = max((t.metrics.get("output_tokens_per_s") or 0.0 for t in analysis.candidates), default=None)
@@ -48,7 +50,7 @@ def _trials(storage: str, name: str, console: Console) -> None:
     feasible = {t.trial_number for t in analysis.candidates}
     front = {t.trial_number for t in analysis.front}
     fixed = data.scenario.engine.flags
-    table = Table(title=f"study {data.name} ({data.record.scenario_name}) in {storage}", title_justify="left")
+    table = Table(title=f"study {data.name} ({data.record.scenario_name}) in {data.storage}", title_justify="left")
     for column in ("#", "kind", "outcome", "feasible", "searched flags", "output tok/s", "TTFT p95", "mem peak",
                    "reason"):
         table.add_column(column, overflow="fold")

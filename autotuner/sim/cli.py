@@ -116,11 +116,13 @@ def print_evaluation(ev: Evaluation) -> None:
 
 
 def run_serve(argv: Sequence[str]) -> int:
+    from autotuner.sim.gpu_state import state_dir_from_env
     from autotuner.sim.server import serve
 
     try:
         ns = parse_args(argv)
         config = build_config(ns)
+        state_dir_from_env()  # a symlinked or foreign state directory: refused before anything starts
     except VllmArgError as exc:
         print(exc.message, file=sys.stderr)
         return exc.exit_code
@@ -128,3 +130,49 @@ def run_serve(argv: Sequence[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return serve(config)
+
+
+def hold_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotuner sim hold",
+        description="Hold simulated GPU memory as a process the tuner did not start (a desktop, someone "
+                    "else's job) until killed.")
+    parser.add_argument("--gpu", type=int, required=True, help="simulated GPU index")
+    parser.add_argument("--mib", type=int, required=True, help="MiB to hold")
+    parser.add_argument("--name", default="foreign", help="label in the holder file")
+    parser.add_argument("--unlisted", action="store_true",
+                        help="hide from NVML's process list, as seen from a container without host PIDs")
+    return parser
+
+
+def run_hold(argv: Sequence[str]) -> int:
+    """Hold `--mib` on simulated GPU `--gpu` until SIGTERM/SIGINT/SIGKILL; prints one line once held."""
+    import signal
+
+    from autotuner.sim.gpu_state import HOLDERS_DIR, GpuHost, state_dir_from_env
+    from autotuner.sim.worker import HolderFile, start_heartbeat
+
+    parser = hold_parser()
+    ns = parser.parse_args(list(argv))
+    if ns.gpu < 0 or ns.mib < 0:
+        parser.error("--gpu and --mib must be ≥ 0")
+    try:
+        state = state_dir_from_env()
+    except UserInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gpus = GpuHost(state).inventory()
+    if gpus and ns.gpu >= len(gpus):
+        print(f"error: --gpu {ns.gpu}: the simulated box has GPUs 0-{len(gpus) - 1}", file=sys.stderr)
+        return 2
+    # Before the first engine, the box has no inventory yet: the holder waits for the GPU to appear.
+    (state / HOLDERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+    holder = HolderFile(state, ns.gpu, ns.name, listed=not ns.unlisted)
+    holder.hold(ns.mib << 20)
+    start_heartbeat(holder)
+    print(f"holding {ns.mib} MiB on simulated GPU {ns.gpu} as pid {holder.pid}"
+          f"{' (not listed)' if ns.unlisted else ''}; stop with kill {holder.pid}", flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()

@@ -149,6 +149,8 @@ def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int
         heapq.heappush(pending, (0.0, i, r))
 
     sims: list[SimRequest] = []
+    last_token: dict[str, float] = {}  # request id → when its latest output token came out
+    itl: list[float] = []  # gaps between consecutive output tokens of a request, as a client sees them
     now = 0.0
     peak = core.memory_used()
     oom_at: float | None = None
@@ -168,6 +170,10 @@ def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int
             oom_at, reason = now, result.oom.message
             break
         peak = [max(p, u) for p, u in zip(peak, core.memory_used(), strict=True)]
+        for req in result.emitted:
+            if req.request_id in last_token:
+                itl.append(now - last_token[req.request_id])
+            last_token[req.request_id] = now
         for _ in result.finished:
             if closed_loop:
                 i, r = closed_loop.pop()
@@ -178,7 +184,7 @@ def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int
         outcome="oom" if oom_at is not None else "ok",
         reason=reason,
         oom_at_s=oom_at,
-        metrics=request_metrics(sims, len(requests), now),
+        metrics=request_metrics(sims, len(requests), now, itl),
         memory={"peak_bytes": peak, "total_bytes": total, "peak_fraction": max(peak) / total},
         kv_cache_tokens=plan.kv_cache_tokens,
         preemptions=core.num_preemptions,
@@ -194,7 +200,10 @@ def _admit(config: EngineConfig, r: EvalRequest, index: int, arrival: float, see
     return SimRequest(f"req-{index}", r.prompt, max_tokens, arrival, stop_at)
 
 
-def request_metrics(sims: list[SimRequest], total_requests: int, end: float) -> dict[str, float | int | None]:
+def request_metrics(sims: list[SimRequest], total_requests: int, end: float,
+                    itl: list[float] | None = None) -> dict[str, float | int | None]:
+    """`itl`: every inter-token gap (the time between two consecutive output tokens of one request);
+    without it the ITL percentiles are None rather than a stand-in such as TPOT."""
     done = [s for s in sims if s.finished_at is not None]
     start = min((s.arrival for s in sims), default=0.0)
     duration = max(end - start, 1e-9)
@@ -215,6 +224,8 @@ def request_metrics(sims: list[SimRequest], total_requests: int, end: float) -> 
     for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         for q in PERCENTILES:
             metrics[f"{name}_p{q}_s"] = percentile(values, q)
+    for q in PERCENTILES:
+        metrics[f"itl_p{q}_s"] = percentile(itl or [], q)
     metrics.update(
         completed=len(done),
         failed=total_requests - len(done),

@@ -4,7 +4,7 @@ Layout of the state directory (``$AUTOTUNER_SIM_STATE_DIR``, default
 ``${XDG_RUNTIME_DIR or /tmp}/autotuner-sim-gpus-<uid>``)::
 
     inventory.json                 {"gpus": [{"index", "name", "uuid", "memory_total_bytes"}, ...]}
-    holders/gpu<index>-<pid>.json  {"pid", "create_time", "gpu", "bytes", "name"}
+    holders/gpu<index>-<pid>.json  {"pid", "create_time", "gpu", "bytes", "name", "listed"}
 
 Simulated GPU memory is held by processes, the way NVML sees real GPU memory. Each holder (a
 simulated TP worker, see ``autotuner.sim.worker``) writes one holder file per GPU, atomically
@@ -25,6 +25,13 @@ that are dead and past the delay, so the directory does not grow.
 Reads are cheap enough for an NVML poller (8 GPUs at 100 Hz): one ``os.scandir``, one ``stat`` and
 one small JSON read per holder file of the GPU, and one read of ``/proc/<pid>/stat`` per holder;
 the psutil ``create_time`` check runs once per (pid, create_time) and is cached.
+
+Foreign holders (``autotuner sim hold``) stand for processes that are not engines: a desktop's Xorg,
+someone's notebook. ``listed: false`` hides a holder from NVML's process lists while its memory still
+counts, the way a container without the host's PID namespace sees the GPU.
+
+The state directory must be a real directory owned by this user: under a shared ``/tmp`` anyone can
+create it first, or a symlink in its place, and feed us their GPU state. Both are refused.
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+from autotuner.errors import UserInputError
+from autotuner.proc_identity import same_start
 
 STATE_DIR_ENV = "AUTOTUNER_SIM_STATE_DIR"
 RELEASE_DELAY_ENV = "AUTOTUNER_SIM_RELEASE_DELAY_S"
@@ -50,12 +61,12 @@ INVENTORY_FILE = "inventory.json"
 HOLDERS_DIR = "holders"
 _LOCK_FILE = ".lock"
 _TMP_PREFIX = ".tmp-"
-# psutil's create_time is boot time + start ticks; boot time shifts if the wall clock is stepped,
-# so the writer's and a reader's value may differ slightly. A PID reused within this window is
-# not a realistic case.
-_CREATE_TIME_TOLERANCE_S = 0.5
 _START_TICKS_CACHE_MAX = 256
 _HAS_PROCFS = os.path.isdir("/proc/self")
+
+
+class SimStateDirError(UserInputError):
+    """The state directory is a symlink or someone else's."""
 
 
 class GpuInventoryConflict(Exception):  # noqa: N818 - the name the rest of the simulator uses
@@ -85,6 +96,7 @@ class Holder:
     gpu: int
     bytes: int
     name: str
+    listed: bool = True  # False: NVML does not list it (another PID namespace), its memory still counts
 
 
 def default_state_dir() -> Path:
@@ -95,7 +107,28 @@ def default_state_dir() -> Path:
 def state_dir_from_env() -> Path:
     """The state directory this process should use: ``$AUTOTUNER_SIM_STATE_DIR`` or the default."""
     value = os.environ.get(STATE_DIR_ENV)
-    return Path(value) if value else default_state_dir()
+    path = Path(value) if value else default_state_dir()
+    check_state_dir(path)
+    return path
+
+
+def check_state_dir(path: Path) -> None:
+    """Refuse a state directory that is a symlink or belongs to another user (when it exists)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise SimStateDirError(
+            f"simulated GPU state directory {path} is a symbolic link (to {os.readlink(path)}); refusing to "
+            f"follow it: remove it, or set {STATE_DIR_ENV} to a directory of your own")
+    if not stat.S_ISDIR(st.st_mode):
+        raise SimStateDirError(f"simulated GPU state directory {path} is not a directory: remove it, or set "
+                               f"{STATE_DIR_ENV} to a directory of your own")
+    if st.st_uid != os.getuid():
+        raise SimStateDirError(
+            f"simulated GPU state directory {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
+            f"someone else's GPU state is not ours to trust; set {STATE_DIR_ENV} to a directory of your own")
 
 
 def release_delay_s() -> float:
@@ -126,9 +159,11 @@ def write_json_atomic(path: Path, payload: object) -> None:
     os.replace(tmp, path)
 
 
-def write_holder(state_dir: Path, *, gpu: int, pid: int, create_time: float, nbytes: int, name: str) -> Path:
+def write_holder(state_dir: Path, *, gpu: int, pid: int, create_time: float, nbytes: int, name: str,
+                 listed: bool = True) -> Path:
     path = holder_path(state_dir, gpu, pid)
-    payload = {"pid": pid, "create_time": create_time, "gpu": gpu, "bytes": nbytes, "name": name}
+    payload = {"pid": pid, "create_time": create_time, "gpu": gpu, "bytes": nbytes, "name": name,
+               "listed": listed}
     write_json_atomic(path, payload)
     return path
 
@@ -155,6 +190,7 @@ class GpuHost:
     def ensure_inventory(self, gpus: list[SimGpu]) -> None:
         """Make ``gpus`` the inventory, unless other GPUs are set up and in use (then raise)."""
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_state_dir(self.state_dir)  # it may have been there already, or appeared meanwhile
         self.holders_dir.mkdir(exist_ok=True)
         # The lock makes check-then-replace atomic among servers starting at the same time.
         with self._locked():
@@ -210,7 +246,8 @@ class GpuHost:
             with open(entry.path, "rb") as f:
                 raw = json.loads(f.read())
             pid, create_time = int(raw["pid"]), float(raw["create_time"])
-            holder = Holder(pid=pid, gpu=int(raw["gpu"]), bytes=int(raw["bytes"]), name=str(raw["name"]))
+            holder = Holder(pid=pid, gpu=int(raw["gpu"]), bytes=int(raw["bytes"]), name=str(raw["name"]),
+                            listed=bool(raw.get("listed", True)))
         except FileNotFoundError:
             return None  # replaced or cleaned up between scandir and open
         except (ValueError, KeyError, TypeError):
@@ -234,7 +271,7 @@ class GpuHost:
                 zombie = proc.status() == psutil.STATUS_ZOMBIE
             except psutil.Error:
                 return False
-            if abs(actual - create_time) > _CREATE_TIME_TOLERANCE_S:
+            if not same_start(actual, create_time):
                 return False  # the PID now belongs to another process
             stat = _proc_stat(pid)
             if stat is None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotuner.errors import HardwareSpecError
+from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 
 GIB = 1 << 30
 
@@ -47,6 +49,28 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 _FILE_FIELDS = ("name", "memory_gib", "bandwidth_gbps", "fp16_tflops", "pcie_gbps", "nvlink_gbps")
+_Positive = Annotated[float, Field(gt=0, lt=1e7, allow_inf_nan=False, strict=False)]
+
+
+class GpuFile(BaseModel):
+    """A GPU description file, validated at the boundary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    product_name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    memory_gib: _Positive
+    bandwidth_gbps: _Positive
+    fp16_tflops: _Positive
+    pcie_gbps: _Positive
+    nvlink_gbps: Annotated[float, Field(ge=0, lt=1e7, allow_inf_nan=False)]
+
+    @field_validator("memory_gib", "bandwidth_gbps", "fp16_tflops", "pcie_gbps", "nvlink_gbps", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be a number, got {value!r}"[:120])
+        return value
 
 
 def load_gpu(name_or_path: str) -> GpuSpec:
@@ -55,33 +79,22 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     if name_or_path in GPU_PRESETS:
         return GPU_PRESETS[name_or_path]
     path = Path(name_or_path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name no file system accepts (NUL, too long)
+        found = False
+    if not found:
         raise HardwareSpecError(
             f"--sim-gpu {name_or_path!r} is neither a GPU preset ({', '.join(GPU_PRESETS)}) "
             "nor a readable YAML file"
         )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise HardwareSpecError(f"{path}: cannot read GPU description: {exc}") from exc
+    data, node = compose_yaml(read_text(path, HardwareSpecError, "GPU description"), path, HardwareSpecError)
     if not isinstance(data, dict):
-        raise HardwareSpecError(f"{path}: expected a mapping with keys {', '.join(_FILE_FIELDS)}")
-    missing = [k for k in _FILE_FIELDS if k not in data]
-    unknown = sorted(set(data) - set(_FILE_FIELDS) - {"product_name"})
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing)}")
-        if unknown:
-            parts.append(f"unknown {', '.join(unknown)}")
-        raise HardwareSpecError(f"{path}: {'; '.join(parts)} (allowed: {', '.join(_FILE_FIELDS)})")
-    numbers: dict[str, float] = {}
-    for key in _FILE_FIELDS[1:]:
-        value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise HardwareSpecError(f"{path}: {key} must be a number, got {value!r}")
-        if value < 0 or (value == 0 and key != "nvlink_gbps"):
-            raise HardwareSpecError(f"{path}: {key} must be positive, got {value!r}")
-        numbers[key] = float(value)
-    name = str(data["name"])
-    return GpuSpec(name=name, product_name=str(data.get("product_name", name)), **numbers)
+        raise HardwareSpecError(f"{path}:1: (top level): expected a mapping with keys {', '.join(_FILE_FIELDS)} "
+                                "(and optionally product_name)")
+    try:
+        gpu = GpuFile.model_validate(data)
+    except ValidationError as exc:
+        raise HardwareSpecError(first_error(exc, path, lambda loc: line_of(node, loc))) from None
+    numbers = gpu.model_dump(exclude={"name", "product_name"})
+    return GpuSpec(name=gpu.name, product_name=gpu.product_name or gpu.name, **numbers)

@@ -12,7 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autotuner.errors import ModelSpecError
+from autotuner.filelines import json_line, read_text
 
+# Above any real model's width, depth or vocabulary: a larger number is a typo, and would overflow the
+# simulator's byte counts.
+MAX_DIMENSION = 1 << 24
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1}
 
 
@@ -83,53 +87,80 @@ def load_model(name_or_dir: str) -> ModelSpec:
     """A preset name or a directory holding a Hugging Face `config.json`."""
     if name_or_dir in MODEL_PRESETS:
         return MODEL_PRESETS[name_or_dir]
-    path = Path(name_or_dir)
-    config = path / "config.json" if path.is_dir() else path
-    if not config.is_file():
+    try:
+        path = Path(name_or_dir)
+        config = path / "config.json" if path.is_dir() else path
+        found = config.is_file()
+    except (OSError, ValueError):  # a name no file system accepts (NUL, too long)
+        found = False
+    if not found:
         raise ModelSpecError(
             f"model {name_or_dir!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
             "nor a directory holding a config.json"
         )
+    text = read_text(config, ModelSpecError, "model config")
     try:
-        data = json.loads(config.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelSpecError(f"{config}: cannot read model config: {exc}") from exc
-    return _from_hf_config(name_or_dir, config, data)
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelSpecError(f"{config}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ModelSpecError(f"{config}: not valid JSON: {exc}") from None
+    return _from_hf_config(name_or_dir, config, data, text)
 
 
-def _from_hf_config(name: str, where: Path, data: object) -> ModelSpec:
+def _from_hf_config(name: str, where: Path, data: object, text: str = "") -> ModelSpec:
     if not isinstance(data, dict):
-        raise ModelSpecError(f"{where}: expected a JSON object")
-    data = data.get("text_config", data)  # multimodal wrappers keep the LM's shape there
+        raise ModelSpecError(f"{where}:1: (top level): expected a JSON object (a Hugging Face config.json)")
+    if "text_config" in data:  # multimodal wrappers keep the LM's shape there
+        data = data["text_config"]
+        if not isinstance(data, dict):
+            raise ModelSpecError(f"{_at(where, text, 'text_config')}: text_config: must be an object")
 
-    def need(key: str) -> int:
+    def fail(key: str, allowed: str, value: object) -> ModelSpecError:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return ModelSpecError(f"{_at(where, text, key)}: {key}: must be {allowed}, got {shown}")
+
+    def integer(key: str, default: int | None = None) -> int:
         value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ModelSpecError(f"{where}: {key} must be a positive integer, got {value!r}")
+        if value is None and default is not None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < MAX_DIMENSION:
+            raise fail(key, f"a positive integer below {MAX_DIMENSION}", value)
         return value
 
-    hidden = need("hidden_size")
-    heads = need("num_attention_heads")
-    kv_heads = data.get("num_key_value_heads") or heads
-    head_dim = data.get("head_dim") or hidden // heads
-    dtype = str(data.get("torch_dtype") or data.get("dtype") or "float16")
-    if dtype not in _DTYPE_BYTES:
-        raise ModelSpecError(f"{where}: torch_dtype {dtype!r} is not one of {', '.join(_DTYPE_BYTES)}")
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads", heads)
+    if hidden // heads == 0 and data.get("head_dim") is None:
+        raise fail("num_attention_heads", f"at most hidden_size ({hidden}) unless head_dim is given", heads)
+    head_dim = integer("head_dim", hidden // heads)
+    dtype = data.get("torch_dtype") or data.get("dtype") or "float16"
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+        key = "torch_dtype" if data.get("torch_dtype") else "dtype"
+        raise fail(key, f"one of {', '.join(_DTYPE_BYTES)}", dtype)
     rope = data.get("rope_scaling") or {}
     factor = 1.0
     if isinstance(rope, dict) and rope.get("type", rope.get("rope_type")) in ("linear", "dynamic", "yarn"):
-        factor = float(rope.get("factor", 1.0))
+        raw = rope.get("factor", 1.0)
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 1024:
+            raise fail("rope_scaling", "an object whose factor is a number in (0, 1024]", raw)
+        factor = float(raw)
     return ModelSpec(
         name=name,
         hidden_size=hidden,
-        num_layers=need("num_hidden_layers"),
+        num_layers=integer("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        intermediate_size=need("intermediate_size"),
-        vocab_size=need("vocab_size"),
-        max_position_embeddings=need("max_position_embeddings"),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=integer("intermediate_size"),
+        vocab_size=integer("vocab_size"),
+        max_position_embeddings=integer("max_position_embeddings"),
         dtype=dtype,
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        tie_word_embeddings=data.get("tie_word_embeddings") is True,
         rope_scaling_factor=factor,
     )
+
+
+def _at(where: Path, text: str, key: str) -> str:
+    line = json_line(text, key) if text else None
+    return f"{where}:{line}" if line else str(where)

@@ -37,6 +37,7 @@ NVML_ERROR_UNKNOWN = 999
 # What the real driver reports for gpuInstanceId/computeInstanceId outside MIG mode.
 NVML_VALUE_NOT_AVAILABLE_UINT = 0xFFFFFFFF
 DRIVER_VERSION = "550.00-sim"
+FAULT_FILE = "nvml-error"
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -190,7 +191,18 @@ def _gpu(handle: SimDeviceHandle) -> tuple[GpuHost, SimGpu]:
     session = _current()
     if not isinstance(handle, SimDeviceHandle):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    _injected_fault(session.host)
     return session.host, handle.gpu
+
+
+def _injected_fault(host: GpuHost) -> None:
+    """A driver fault on cue, for fault-injection tests: while ``<state dir>/nvml-error`` exists, every
+    device query fails with the NVML error code it holds (15: GPU is lost, 999: Unknown Error)."""
+    try:
+        text = (host.state_dir / FAULT_FILE).read_text().strip()
+    except FileNotFoundError:
+        return
+    raise NVMLError(int(text) if text.isdigit() else NVML_ERROR_UNKNOWN)
 
 
 def nvmlInit() -> None:
@@ -263,7 +275,7 @@ def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None)
 
 def nvmlDeviceGetComputeRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:
     host, gpu = _gpu(handle)
-    return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index)]
+    return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index) if h.listed]
 
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:

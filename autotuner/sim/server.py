@@ -32,7 +32,7 @@ from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, st
 from autotuner.sim.memory import CUDA_CONTEXT_BYTES, MemoryPlan, StartupError, gib, plan_startup
 from autotuner.sim.metrics import EngineMetrics
 from autotuner.sim.vllm_log import VllmLog
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.workers import SimWorkerError, WorkerPool
 
 # Simulated seconds of each startup phase (before the speed-up).
 INIT_S = 6.0
@@ -122,7 +122,11 @@ class SimEngine:
                 await self._die(result)
                 return
             self._deliver(result)
-            await self._update_memory()
+            try:
+                await self._update_memory()
+            except SimWorkerError:
+                self._lost_worker()
+                return
             self._maybe_log_stats(result.end)
 
     def _deliver(self, result: StepResult) -> None:
@@ -188,6 +192,15 @@ class SimEngine:
         self._window = [0, 0]
         self._next_log = now + LOG_INTERVAL_S
 
+    def _lost_worker(self) -> None:
+        """A TP worker died under us (killed, crashed): vLLM's executor notices, shuts down, and the
+        engine core dies with it, as in `_die`."""
+        self.dead = True
+        for rank in self.workers.dead_ranks():
+            self.log.core(f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.",
+                          where="multiproc_executor.py:154", level="ERROR")
+        self._fail_streams()
+
     async def _die(self, result: StepResult) -> None:
         """A runtime CUDA OOM: the engine core dies, requests fail, /health turns 503."""
         assert result.oom is not None
@@ -203,6 +216,10 @@ class SimEngine:
             where="core.py:710",
             level="ERROR",
         )
+        self._fail_streams()
+
+    def _fail_streams(self) -> None:
+        log = self.log
         log.api("AsyncLLM output_handler failed.", where="async_llm.py:480", level="ERROR")
         log.api(f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}", where="async_llm.py:480",
                 level="ERROR")

@@ -35,10 +35,11 @@ ORPHAN_TIMEOUT_S = 600.0
 class HolderFile:
     """This process's holder file on one GPU; shared by the main and the heartbeat thread."""
 
-    def __init__(self, state_dir: Path, gpu: int, name: str) -> None:
+    def __init__(self, state_dir: Path, gpu: int, name: str, listed: bool = True) -> None:
         self.state_dir = state_dir
         self.gpu = gpu
         self.name = name
+        self.listed = listed
         self.pid = os.getpid()
         self.create_time = psutil.Process(self.pid).create_time()
         self.path = holder_path(state_dir, gpu, self.pid)
@@ -53,7 +54,7 @@ class HolderFile:
     def _write(self, nbytes: int) -> None:
         write_holder(
             self.state_dir, gpu=self.gpu, pid=self.pid, create_time=self.create_time, nbytes=nbytes,
-            name=self.name,
+            name=self.name, listed=self.listed,
         )  # fmt: skip
 
     def heartbeat(self) -> bool:
@@ -69,6 +70,10 @@ class HolderFile:
                 # Readers only delete files of dead holders; if ours went anyway, restore it.
                 self._write(self._bytes)
             return True
+
+
+def start_heartbeat(holder: HolderFile) -> None:
+    threading.Thread(target=_heartbeat_loop, args=(holder,), name="heartbeat", daemon=True).start()
 
 
 def _heartbeat_loop(holder: HolderFile) -> None:
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     holders_dir.mkdir(exist_ok=True)
 
     holder = HolderFile(args.state_dir, args.gpu, args.name)
-    threading.Thread(target=_heartbeat_loop, args=(holder,), name="heartbeat", daemon=True).start()
+    start_heartbeat(holder)
     _serve(holder)
 
     # Orphaned: the heartbeat thread keeps the memory held (or exits if the state dir goes).

@@ -2,13 +2,18 @@
 
 `at_studies`: one row per study, its key (model fingerprint, GPU inventory, engine version, workload
 fingerprint) and the scenario it ran. `at_trials`: one row per finished trial (baseline included):
-outcome, reason, the flags and full argv (secrets redacted), all metrics, memory peaks and the
-downsampled timeline, engine version, log path and tail. The only module with SQL.
+outcome, reason, the flags and full argv, all metrics, memory peaks and the downsampled timeline,
+engine version, log path and tail. The only module with SQL.
+
+No secret is stored: the scenario's environment is kept as written (`${VAR}` by name), and every text
+written goes through `secrets.redact` as a safety net.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +24,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
-from autotuner.errors import UserInputError
+from autotuner.errors import InfrastructureError, UserInputError
+from autotuner.secrets import display_url, redact, remember_url_password
 
 T = TypeVar("T")
-SQLITE_TIMEOUT_S = 60
+# How long a SQLite writer waits for another one's lock before giving up (seconds).
+SQLITE_TIMEOUT_ENV = "AUTOTUNER_SQLITE_TIMEOUT_S"
+SQLITE_TIMEOUT_S = float(os.environ.get(SQLITE_TIMEOUT_ENV) or 60)
 HEARTBEAT_S = 30
 metadata = sa.MetaData()
 
@@ -116,7 +124,11 @@ def sqlalchemy_url(url: str) -> str:
     if "://" not in url:
         from pathlib import Path
 
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
+        try:
+            return f"sqlite:///{Path(url).expanduser().resolve()}"
+        except (OSError, RuntimeError, ValueError) as exc:  # NUL bytes, ~nosuchuser, a loop of links
+            raise UserInputError(f"storage {url!r}: not a usable path ({exc}); give a SQLite file path or a "
+                                 "SQLAlchemy URL such as postgresql://user@host/db") from None
     return url
 
 
@@ -132,7 +144,7 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         # WAL: a dashboard (optuna-dashboard) can read while the tuner writes.
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_TIMEOUT_S * 1000}")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_TIMEOUT_S * 1000)}")
         cursor.close()
 
 
@@ -140,17 +152,24 @@ class Store:
     """Our tables in the study database. Construct with the same URL Optuna uses."""
 
     def __init__(self, url: str, create: bool = True) -> None:
+        remember_url_password(url)  # from here on, every message and row is masked for it
         self.url = sqlalchemy_url(url)
+        shown = display_url(url)
         if self.url.startswith("sqlite:///"):
             from pathlib import Path
 
             parent = Path(self.url.removeprefix("sqlite:///")).parent
-            if not parent.is_dir():
-                raise UserInputError(f"storage {url}: directory {parent} does not exist")
+            try:
+                exists = parent.is_dir()
+            except (OSError, ValueError):
+                exists = False
+            if not exists:
+                raise UserInputError(f"storage {shown}: directory {parent} does not exist")
         try:
             self.engine = sa.create_engine(self.url, **engine_kwargs(self.url))
-        except (SQLAlchemyError, ImportError, ValueError) as exc:
-            raise UserInputError(f"storage {url}: {exc}") from None
+        except (SQLAlchemyError, ImportError, ValueError, TypeError) as exc:
+            raise UserInputError(redact(f"storage {shown}: {exc}; give a SQLite file path or a SQLAlchemy URL "
+                                        "such as postgresql://user@host/db")) from None
         if self.url.startswith("sqlite"):
             _sqlite_pragmas(self.engine)
         try:
@@ -160,7 +179,12 @@ class Store:
                 with self.engine.connect():
                     pass
         except OperationalError as exc:
-            raise UserInputError(f"storage {url} is unreachable: {exc.orig}") from None
+            self.engine.dispose()
+            raise UserInputError(redact(f"storage {shown} is unreachable: {exc.orig}")) from None
+        except (SQLAlchemyError, ImportError, ValueError, TypeError) as exc:
+            self.engine.dispose()
+            raise UserInputError(redact(f"storage {shown} cannot be used: {getattr(exc, 'orig', None) or exc}")) \
+                from None
 
     def optuna_storage(self):  # type: ignore[no-untyped-def]
         """Optuna's storage on the same database. Shared databases (PostgreSQL: several boxes, one
@@ -187,7 +211,7 @@ class Store:
             "gpu_inventory": json.dumps(record.key.gpu_inventory),
             "engine_version": record.key.engine_version,
             "workload_fingerprint": record.key.workload_fingerprint, "key_digest": record.key.digest(),
-            "scenario": json.dumps(record.scenario, default=str), "scenario_path": record.scenario_path,
+            "scenario": redact(json.dumps(record.scenario, default=str)), "scenario_path": record.scenario_path,
             "created_at": record.created_at,
         }
         try:
@@ -221,9 +245,10 @@ class Store:
         engine = result.get("engine") or {}
         row = {
             "study_name": study_name, "trial_number": record.trial_number, "kind": record.kind,
-            "outcome": record.outcome, "reason": record.reason, "state": record.state,
-            "flags": json.dumps(record.flags, default=str), "result": json.dumps(result, default=str),
-            "timeline": json.dumps(timeline), "log_tail": "\n".join(record.log_tail),
+            "outcome": record.outcome, "reason": None if record.reason is None else redact(record.reason),
+            "state": record.state, "flags": redact(json.dumps(record.flags, default=str)),
+            "result": redact(json.dumps(result, default=str)), "timeline": json.dumps(timeline),
+            "log_tail": redact("\n".join(record.log_tail)),
             "engine_version": engine.get("version"), "log_path": engine.get("log_path"),
             "started_at": record.started_at, "finished_at": record.finished_at,
         }
@@ -243,6 +268,43 @@ class Store:
             rows = conn.execute(sa.select(at_trials).where(at_trials.c.study_name == study_name)
                                 .order_by(at_trials.c.trial_number)).mappings().all()
         return [_trial(r) for r in rows]
+
+
+class StorageError(InfrastructureError):
+    """The study database failed under a running study: disk full, locked by another writer, read-only."""
+
+
+# SQLite's words for what went wrong, and what the operator can do about it.
+_STORAGE_HINTS = (
+    ("disk is full", "free space on the disk that holds it"),
+    ("database is locked", f"another process holds a write lock on it (waited {SQLITE_TIMEOUT_S:g} s; "
+                           f"{SQLITE_TIMEOUT_ENV} sets how long): stop that process"),
+    ("readonly", "it is read-only: make the file and its directory writable, or use another --storage"),
+    ("read-only", "it is read-only: make the file and its directory writable, or use another --storage"),
+    ("unable to open", "its directory must exist and be writable"),
+    ("disk i/o error", "the disk that holds it failed a read or write"),
+)
+
+
+def storage_error(exc: BaseException, url: str) -> StorageError | None:
+    """A failure of the study database (ours, or Optuna's, which hides the cause behind a generic
+    StorageInternalError) as one clear message; None when `exc` is not a database failure."""
+    seen: BaseException | None = exc
+    cause: BaseException | None = None
+    while seen is not None:
+        if isinstance(seen, sa.exc.DBAPIError) and seen.orig is not None:
+            cause = seen.orig
+            break
+        if isinstance(seen, sqlite3.Error | sa.exc.SQLAlchemyError):
+            cause = seen
+            break
+        seen = seen.__cause__ or seen.__context__
+    if cause is None:
+        return None
+    what = redact(str(cause).strip() or type(cause).__name__)
+    hint = next((h for key, h in _STORAGE_HINTS if key in what.lower()), "check the database and its disk")
+    return StorageError(f"storage {display_url(url)}: {what}: {hint}. The trial in flight was not recorded (its engine "
+                        "was stopped); run the same command again to resume the study")
 
 
 def _racing_workers(create: Callable[[], T]) -> T:

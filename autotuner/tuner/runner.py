@@ -99,7 +99,7 @@ def engine_version(scenario: Scenario) -> str:
     argv = version_argv(scenario.engine.command_prefix())
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
-            **__import__("os").environ, **scenario.engine.env})
+            **__import__("os").environ, **scenario.engine.resolved_env()})
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -155,7 +155,7 @@ class VirtualRunner(TrialRunner):
         merged = {**self.scenario.engine.flags, **flags}
         result = TrialResult(oc.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
-            config = build_config(parse_args(argv), self.scenario.engine.env)
+            config = build_config(parse_args(argv), self.scenario.engine.resolved_env())
         except VllmArgError as exc:
             result.outcome = oc.INVALID_FLAGS
             result.reason = exc.message.splitlines()[-1].strip().removeprefix("Value error, ")
@@ -175,8 +175,7 @@ class VirtualRunner(TrialRunner):
                          "devices": list(config.gpu_indices), "timeline": []}
         result.metrics = {k: ev.metrics.get(k) for k in (
             "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
-            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p95_s", "completed", "failed")}
-        result.metrics["itl_p99_s"] = ev.metrics.get("tpot_p99_s")
+            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed")}
         limit = self.threshold.limit_bytes(total)
         if ev.outcome == "oom":
             result.outcome, result.reason = oc.OOM_CRASH, ev.reason

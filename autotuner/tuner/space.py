@@ -12,10 +12,13 @@ from typing import Any
 
 import optuna
 import psutil
+import structlog
 
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
 from autotuner.vllm import ModelLimits, Platform, knowledge_for
+
+log = structlog.get_logger(__name__)
 
 GIB = 1 << 30
 # Pinned host RAM the offload range may use, as a share of the host's total (the rest keeps the OS,
@@ -201,3 +204,33 @@ def model_limits(scenario: Scenario) -> ModelLimits | None:
         # only what config.json says for certain.
         return ModelLimits(spec.num_heads, None, None)
     return ModelLimits(spec.num_heads, spec.max_position_embeddings, spec.derived_max_model_len)
+
+
+# vLLM's startup needs utilization × total ≤ the memory free at its snapshot, which already carries the
+# CUDA context and NCCL buffers (~0.3-0.5 GiB, facts note §1) besides other processes' memory.
+CUDA_CONTEXT_MARGIN_BYTES = 512 << 20
+UTIL_FLAG = "gpu-memory-utilization"
+
+
+def fit_utilization_to_free(space: Space, headroom: tuple[int, int] | None) -> Space:
+    """Lower the utilization bound to what other processes' memory leaves on the engine's GPUs:
+    `headroom` is (total bytes, the largest foreign baseline among them); a higher value cannot start."""
+    dist = space.distributions.get(UTIL_FLAG)
+    if headroom is None or not isinstance(dist, optuna.distributions.FloatDistribution) or headroom[0] <= 0:
+        return space
+    total_bytes, foreign_bytes = headroom
+    step = dist.step or 0.01
+    fits = (total_bytes - foreign_bytes - CUDA_CONTEXT_MARGIN_BYTES) / total_bytes
+    high = round(math.floor(fits / step + 1e-9) * step, 6)
+    if high >= dist.high:
+        return space
+    low = float(dist.low)
+    if high <= low:
+        # One value left; still a float distribution, so a resumed study keeps a compatible parameter.
+        high = low = max(high, step)
+    elif dist.step:
+        high = round(low + math.floor((high - low) / dist.step + 1e-9) * dist.step, 6)
+    log.warning("space.utilization_clamped", high=high, was=dist.high, foreign_mib=foreign_bytes >> 20,
+                reason="vLLM starts only if utilization × total fits in the memory free at launch")
+    new = optuna.distributions.FloatDistribution(low, high, log=dist.log, step=dist.step)
+    return Space(space.params, {**space.distributions, UTIL_FLAG: new})

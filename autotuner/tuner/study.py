@@ -26,10 +26,11 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.tuner import memory_margin
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.runner import TrialRunner
-from autotuner.tuner.space import FlagRules, build_space
-from autotuner.tuner.trial import GpusBusyError, TrialResult
+from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
+from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, threshold_of
 from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
@@ -89,16 +90,15 @@ def make_sampler(seed: int, n_trials: int) -> tuple[optuna.samplers.BaseSampler,
 
 def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
     """The same keys on every trial (GPSampler insists), continuous where measurable."""
-    threshold = scenario.oom_threshold.fraction or 0.97
-    peak = float(result.memory.get("peak_fraction") or 0.0)
+    threshold = threshold_of(scenario)  # the sampler's threshold: fraction or min_free_mib
     out = dict.fromkeys(CONSTRAINT_KEYS, -1.0)
-    out["memory"] = peak - threshold
+    out["memory"] = memory_margin.excess(result.memory, threshold)
     if result.outcome == oc.OOM_THRESHOLD:
         out["memory"] = max(out["memory"], 1e-3)
     elif result.outcome == OOM_PREDICTED:
         out["memory"] = 1e-3
     elif result.outcome == oc.OOM_CRASH:
-        out["memory"] = max(out["memory"], 1.0 - threshold + 0.01)
+        out["memory"] = max(out["memory"], memory_margin.crash_excess(result.memory, threshold))
     elif result.outcome in (oc.STARTUP_FAILED, oc.INVALID_FLAGS, oc.TIMEOUT, oc.CRASH):
         out["startup"] = 1.0
         out["memory"] = min(out["memory"], 0.0)
@@ -179,7 +179,12 @@ class Tuner:
         if not self.store.is_sqlite:
             return
         path = Path(self.store.url.removeprefix("sqlite:///") + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserInputError(f"storage {path.with_suffix('')}: cannot create its lock file {path}: "
+                                 f"{exc.strerror}; the study database and its directory must be writable "
+                                 "(or use another --storage)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -264,6 +269,9 @@ class Tuner:
             self._unlock()
 
     async def _run(self) -> TuneSummary:
+        # Other processes' memory on the GPUs caps the utilization that can start (GpusBusyError if
+        # another autotuner holds them).
+        self.space = fit_utilization_to_free(self.space, gpu_headroom(self.scenario))
         study, sampler = self._open_study()
         requeued = self._recover(study)
         self._seed_trials(study)
@@ -328,6 +336,15 @@ class Tuner:
             except asyncio.CancelledError:
                 self._record_interrupted(study, trial, kind, flags, started)
                 return True, True
+            except GpusBusyError as exc:
+                # Never launched: end the trial (not RUNNING forever) and queue the candidate again.
+                trial.set_user_attr("outcome", GPUS_BUSY)
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=TrialState.FAIL)
+                study.enqueue_trial(trial.params, user_attrs={"kind": kind, "requeued_from": trial.number})
+                self._save(trial.number, kind, TrialResult(GPUS_BUSY, str(exc), {**self.scenario.engine.flags,
+                                                                                 **flags}, []), "FAIL", started)
+                raise
             finally:
                 beat.cancel()
         launched = violation is None and wall is None

@@ -10,21 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import structlog
 
 from autotuner.engine import classify as oc
+from autotuner.engine.gpu_locks import GpuLocks, GpusBusyError
 from autotuner.engine.launch import LaunchPlan, plan_launch
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry
-from autotuner.errors import InfrastructureError
-from autotuner.monitor import MemoryMonitor, MemorySummary, Sampler, Threshold, ThresholdEvent, open_monitor
-from autotuner.monitor.checks import busy_devices, wait_for_release
+from autotuner.monitor import (
+    HostMonitor,
+    MemoryMonitor,
+    MemorySummary,
+    MonitorError,
+    Sampler,
+    Threshold,
+    ThresholdEvent,
+    open_monitor,
+)
+from autotuner.monitor.checks import wait_for_release
+from autotuner.monitor.foreign import (
+    INTERFERENCE_BYTES,
+    MIB,
+    ForeignMemory,
+    foreign_baseline,
+    foreign_processes,
+    unlisted_warning,
+)
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 from autotuner.sim.hardware import load_gpu
@@ -41,12 +60,15 @@ RELEASE_TOLERANCE_BYTES = 256 << 20
 # /metrics polling during the replay, for the KV-cache usage peak (wall seconds).
 METRICS_POLL_S = 0.5
 TIMELINE_POINTS = 300
+# How often the trial looks for other processes' memory growing on its GPUs, and records the engine's
+# processes (so a later run can stop exactly those if this tuner dies).
+WATCH_S = 0.5
+# A trial refused because the GPUs are taken (never launched, the study stops with the message).
+GPUS_BUSY = "gpus-busy"
 
 Phase = Callable[[str], None]
 
-
-class GpusBusyError(InfrastructureError):
-    """GPUs we were asked to use hold memory of processes that are not ours."""
+__all__ = ["GPUS_BUSY", "GpusBusyError", "TrialResult", "measure"]
 
 
 @dataclass
@@ -100,6 +122,32 @@ def ensure_sim_gpus(scenario: Scenario) -> None:
         raise GpusBusyError(f"simulated GPUs in {state}: {exc}") from None
 
 
+class GpuHeadroom(NamedTuple):
+    """The engine's GPUs now: memory of each, and the largest foreign baseline among them."""
+
+    total_bytes: int
+    foreign_bytes: int
+
+
+def gpu_headroom(scenario: Scenario, registry: EngineRegistry | None = None) -> GpuHeadroom | None:
+    """What other processes hold on the scenario's GPUs before tuning, for the search space's
+    utilization bound; None where the memory wall is not a GPU's (host monitor, virtual time).
+    Orphans of an earlier run of ours are stopped first: their memory is not a stranger's."""
+    if scenario.engine.kind == "sim-virtual" or scenario.monitor.kind == "host":
+        return None
+    registry = registry or EngineRegistry()
+    with monitor_for(scenario) as monitor:
+        if isinstance(monitor, HostMonitor):
+            return None
+        # Another tuner on these GPUs: say so now, not after the space was fitted around its engine.
+        with GpuLocks([(d.index, d.uuid) for d in monitor.devices()]):
+            registry.reap_orphans()
+            ours = registry.recently_stopped()
+            baseline = foreign_baseline(monitor, ours.__contains__)
+        total = min(d.total_bytes for d in monitor.devices())
+    return GpuHeadroom(total, max((f.bytes for f in baseline), default=0))
+
+
 class _Engine:
     """Holds the current engine so the monitor (host RSS) and the threshold callback can reach it."""
 
@@ -118,58 +166,114 @@ async def measure(
     registry: EngineRegistry | None = None,
     on_phase: Phase | None = None,
     port: int | None = None,
+    monitor: MemoryMonitor | None = None,
 ) -> TrialResult:
     """Measure `candidate` (flags on top of the scenario's fixed ones). Raises UserInputError for bad
-    input and GpusBusyError when the GPUs are not free; every other failure is in the result."""
+    input and GpusBusyError when the GPUs are not free; every other failure is in the result.
+    `monitor` replaces the scenario's (it is closed here too)."""
     phase = on_phase or (lambda _p: None)
     registry = registry or EngineRegistry()
     plan = plan_launch(scenario, candidate, port=port)
     holder = _Engine()
-    monitor = monitor_for(scenario, holder.pid)
+    monitor = monitor or monitor_for(scenario, holder.pid)
+    locks: GpuLocks | None = None
     try:
+        foreign: list[ForeignMemory] = []
+        if not isinstance(monitor, HostMonitor):
+            # Held from the check until our engine has stopped and its memory is back (in _run).
+            locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()])
+            locks.acquire()
         reaped = registry.reap_orphans()
         if reaped:
             log.warning("engine.orphans_stopped", process_groups=reaped)
-        if scenario.monitor.kind != "host":
-            busy = await _wait_not_busy(monitor, scenario.engine.release_timeout_s if reaped else 0.0)
-            if busy:
-                raise GpusBusyError(_busy_message(monitor, busy))
-        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase)
+        if locks is not None:
+            foreign = await _foreign_within_allowance(scenario, monitor, registry, bool(reaped))
+        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign)
     finally:
         monitor.close()
+        if locks is not None:
+            locks.release()
 
 
-async def _wait_not_busy(monitor: MemoryMonitor, timeout_s: float) -> dict[int, list[tuple[int, int]]]:
-    """Busy devices, after waiting up to `timeout_s` for memory of just-stopped engines to go."""
-    deadline = time.monotonic() + timeout_s
+async def _foreign_within_allowance(scenario: Scenario, monitor: MemoryMonitor, registry: EngineRegistry,
+                                    reaped: bool) -> list[ForeignMemory]:
+    """The foreign baseline per GPU, once within the allowance. Memory of our own engines that were
+    just stopped (or killed) is on its way out: wait for it, bounded; a stranger's is refused at once."""
+    allowance = scenario.monitor.foreign_allowance_mib * MIB
+    deadline = time.monotonic() + scenario.engine.release_timeout_s
     while True:
-        busy = busy_devices(monitor)
-        if not busy or time.monotonic() >= deadline:
-            return busy
+        ours = registry.recently_stopped()
+        baseline = await asyncio.to_thread(foreign_baseline, monitor, ours.__contains__)
+        over = [f for f in baseline if f.bytes > allowance]
+        ours_left = bool(ours) and await asyncio.to_thread(_still_holding, monitor, ours)
+        if not over and not ours_left:
+            break
+        exiting = reaped or ours_left or any(_zombie(p.pid) for f in over for p in f.processes)
+        if not exiting or time.monotonic() >= deadline:
+            if over:
+                raise GpusBusyError(_busy_message(over, scenario.monitor.foreign_allowance_mib))
+            break
         await asyncio.sleep(0.1)
+    warning = unlisted_warning(baseline)
+    if warning:
+        log.warning("gpu.foreign_unlisted", warning=warning)
+    held = [f for f in baseline if f.bytes]
+    if held:
+        log.info("gpu.foreign_baseline", gpus=[f.text() for f in held])
+    return baseline
 
 
-def _busy_message(monitor: MemoryMonitor, busy: dict[int, list[tuple[int, int]]]) -> str:
-    parts = []
-    for index, procs in sorted(busy.items()):
-        held = ", ".join(f"pid {pid} holds {b / 2**30:.1f} GiB" for pid, b in procs)
-        parts.append(f"GPU {index}: {held}")
-    return ("GPUs busy — " + "; ".join(parts) + ". Stop those processes or pick other GPUs with "
-            "engine.gpus; autotuner never kills processes it did not start.")
+def _still_holding(monitor: MemoryMonitor, pids: set[int]) -> bool:
+    return any(pid in pids for position in range(len(monitor.devices())) for pid, _ in monitor.processes(position))
+
+
+def _zombie(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _busy_message(over: list[ForeignMemory], allowance_mib: int) -> str:
+    parts = "; ".join(f.text() for f in over)
+    need = max(f.bytes for f in over) / MIB
+    return (f"GPUs busy — {parts}: more than monitor.foreign_allowance_mib = {allowance_mib} MiB of other "
+            f"processes' memory. Stop those processes, pick other GPUs with engine.gpus, or raise "
+            f"monitor.foreign_allowance_mib to at least {need:.0f} if they stay (the tuner then budgets "
+            "around them); autotuner never kills processes it did not start.")
+
+
+class _Abort:
+    """Why a trial must stop early for reasons that are not the candidate's (set from the watcher)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.outcome: str | None = None
+        self.reason: str | None = None
+
+    def set(self, outcome: str, reason: str) -> None:
+        if not self.event.is_set():
+            self.outcome, self.reason = outcome, reason
+            self.event.set()
 
 
 async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, holder: _Engine,
-               registry: EngineRegistry, log_dir: Path, phase: Phase) -> TrialResult:
+               registry: EngineRegistry, log_dir: Path, phase: Phase, foreign: list[ForeignMemory]) -> TrialResult:
     t_begin = time.monotonic()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{plan.port}.log"
     result = TrialResult(oc.OK, None, dict(plan.flags), _redact_argv(plan.argv), plan.redacted_env())
     result.engine["log_path"] = str(log_path)
+    warning = unlisted_warning(foreign)
+    if warning:
+        result.warnings.append(warning)
 
     loop = asyncio.get_running_loop()
     tripped = asyncio.Event()
+    abort = _Abort()
     engine = EngineProcess(plan.argv, plan.env, log_path, registry)
-    holder.process = engine
 
     def on_threshold(event: ThresholdEvent) -> None:
         # Sampler thread: kill at once (within one sample period), then wake the measuring task.
@@ -178,49 +282,169 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
 
     sampler = Sampler(monitor, hz=scenario.monitor.hz, threshold=threshold_of(scenario),
                       on_threshold=on_threshold, max_points=TIMELINE_POINTS)
-    baseline = monitor.sample()
-    phase("starting")
-    engine.start()
-    sampler.start()
-    summary: MemorySummary | None = None
     try:
+        baseline = monitor.sample()
+    except MonitorError as exc:
+        return _monitor_failed(result, f"memory could not be read before launch: {exc}", t_begin)
+    summary: MemorySummary | None = None
+    monitor_error: str | None = None
+    watcher: asyncio.Future[None] | None = None
+    phase("starting")
+    try:
+        # From here on, whatever happens (the first sample fails, the registry cannot be written, the
+        # task is cancelled), the finally below stops the engine.
+        holder.process = engine
+        engine.start()
+        sampler.start()
+        watcher = asyncio.ensure_future(_watch(engine, sampler, monitor, foreign, abort))
         t_start = time.monotonic()
         why = await _race(engine.wait_ready(plan.base_url, plan.served_name, scenario.engine.startup_timeout_s,
-                                            plan.headers()), tripped)
+                                            plan.headers()), tripped, abort.event)
         result.startup_s = time.monotonic() - t_start
         if why is not None or tripped.is_set():
-            _startup_outcome(result, engine, why, tripped.is_set())
+            if not abort.event.is_set():
+                _startup_outcome(result, engine, why, tripped.is_set())
         else:
-            await _serve_and_replay(scenario, plan, engine, result, tripped, phase)
+            engine.record_members()
+            await _serve_and_replay(scenario, plan, engine, result, tripped, abort.event, phase)
+    except MonitorError as exc:
+        monitor_error = str(exc)
     finally:
         phase("stopping")
+        await _cancel(watcher)
         engine.stop(grace_s=scenario.engine.stop_grace_s)
-        with contextlib.suppress(Exception):
-            summary = sampler.stop()
+        if sampler.running:
+            try:
+                summary = sampler.stop()
+            except MonitorError as exc:
+                monitor_error = str(exc)
         holder.process = None
     _finish(result, engine, summary, tripped.is_set())
-    released = await asyncio.to_thread(wait_for_release, monitor, baseline, RELEASE_TOLERANCE_BYTES,
-                                       scenario.engine.release_timeout_s)
+    _foreign_record(result, foreign, summary)
+    grown = await asyncio.to_thread(_foreign_growth, monitor, foreign, engine)
+    if grown is not None:
+        abort.set(oc.INTERFERENCE, grown)
+    if abort.outcome is not None and abort.reason is not None:
+        result.outcome, result.reason, result.infrastructure = abort.outcome, abort.reason, True
+        result.metrics = {}
+    elif (monitor_error is not None or summary is None) and result.outcome in (oc.OK, oc.CRASH, oc.TIMEOUT):
+        _monitor_failed(result, f"no memory evidence: {monitor_error or 'the sampler did not run'}")
+    try:
+        released = await asyncio.to_thread(wait_for_release, monitor, baseline, RELEASE_TOLERANCE_BYTES,
+                                           scenario.engine.release_timeout_s)
+    except MonitorError as exc:
+        released = True  # nothing to wait on; said below
+        result.warnings.append(f"GPU memory release could not be checked: {exc}")
+        if not result.infrastructure:
+            _monitor_failed(result, f"memory could not be read after the trial: {exc}")
     if not released:
         result.warnings.append(f"GPU memory not back to its pre-launch level within "
                                f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
     result.duration_s = time.monotonic() - t_begin
     log.info("trial.measured", outcome=result.outcome, reason=result.reason, flags=result.flags,
              output_tokens_per_s=result.metrics.get("output_tokens_per_s"),
-             ttft_p95_s=result.metrics.get("ttft_p95_s"), peak_fraction=result.memory.get("peak_fraction"))
+             ttft_p95_s=result.metrics.get("ttft_p95_s"), peak_fraction=result.memory.get("peak_fraction"),
+             foreign_mib=[round(f.bytes / MIB) for f in foreign])
     return result
 
 
-async def _race(coro: object, tripped: asyncio.Event) -> str | None:
-    """Run `coro` unless the OOM threshold trips first."""
-    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
-    trip = asyncio.ensure_future(tripped.wait())
-    await asyncio.wait({task, trip}, return_when=asyncio.FIRST_COMPLETED)
-    trip.cancel()
-    if not task.done():
+def _monitor_failed(result: TrialResult, reason: str, t_begin: float | None = None) -> TrialResult:
+    """No memory evidence: a machine fault (retried), never feasible."""
+    result.outcome, result.reason, result.infrastructure = oc.MONITOR_FAILED, reason, True
+    result.metrics = {}
+    if t_begin is not None:
+        result.duration_s = time.monotonic() - t_begin
+    return result
+
+
+def _foreign_record(result: TrialResult, foreign: list[ForeignMemory], summary: MemorySummary | None) -> None:
+    """The foreign baseline beside the device-level figures, and our engine's own peak without it."""
+    if not foreign:
+        return
+    result.memory["foreign"] = [f.to_dict() for f in foreign]
+    result.memory["foreign_bytes"] = [f.bytes for f in foreign]
+    if summary is not None and len(summary.peak_bytes) == len(foreign):
+        result.memory["engine_peak_bytes"] = [max(0, p - f.bytes)
+                                              for p, f in zip(summary.peak_bytes, foreign, strict=True)]
+
+
+def _is_ours(engine: EngineProcess) -> Callable[[int], bool]:
+    known = engine.known_pids
+    leader = engine.pid_or_none
+
+    def ours(pid: int) -> bool:
+        if pid in known:
+            return True
+        try:
+            return leader is not None and os.getpgid(pid) == leader
+        except OSError:
+            return False
+
+    return ours
+
+
+def _foreign_growth(monitor: MemoryMonitor, foreign: list[ForeignMemory], engine: EngineProcess) -> str | None:
+    """Other processes' memory that grew since the baseline, as a reason; None if none did (or if
+    NVML names no holder at all, as in a container: then growth cannot be told from ours)."""
+    if not foreign:
+        return None
+    ours = _is_ours(engine)
+    grown = []
+    for position, before in enumerate(foreign):
+        if before.unlisted:
+            continue
+        try:
+            now = foreign_processes(monitor, position, ours)
+        except MonitorError:
+            return None
+        added = sum(p.bytes for p in now) - sum(p.bytes for p in before.processes)
+        if added > INTERFERENCE_BYTES:
+            new = [p for p in now if p not in before.processes]
+            names = ", ".join(p.text() for p in new) or "processes already there"
+            grown.append(f"GPU {before.index}: other processes' memory grew by {added / MIB:.0f} MiB ({names})")
+    if not grown:
+        return None
+    return ("; ".join(grown) + " during the trial — not the candidate's fault; the trial is run again once "
+            "that memory is gone")
+
+
+async def _watch(engine: EngineProcess, sampler: Sampler, monitor: MemoryMonitor, foreign: list[ForeignMemory],
+                 abort: _Abort) -> None:
+    """While the engine lives: stop the trial if the sampler dies (nobody watches the OOM wall) or
+    other processes take memory on our GPUs; keep the engine's processes on record."""
+    while True:
+        await asyncio.sleep(WATCH_S)
+        if sampler.failure is not None:
+            abort.set(oc.MONITOR_FAILED, f"memory sampling failed during the trial: {sampler.failure}")
+            return
+        await asyncio.to_thread(engine.record_members)
+        grown = await asyncio.to_thread(_foreign_growth, monitor, foreign, engine)
+        if grown is not None:
+            abort.set(oc.INTERFERENCE, grown)
+            return
+
+
+async def _cancel(*tasks: asyncio.Future[object] | None) -> None:
+    """Cancel and await: nothing of a trial outlives it, on any path."""
+    pending = [t for t in tasks if t is not None]
+    for task in pending:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+async def _race(coro: object, *events: asyncio.Event) -> str | None:
+    """Run `coro` unless one of `events` is set first ("threshold": stopped early)."""
+    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait({task, *waits}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await _cancel(*waits)
+        if not task.done():
+            await _cancel(task)
+    if task.cancelled():
         return "threshold"
     return task.result()
 
@@ -243,7 +467,7 @@ def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None
 
 
 async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: EngineProcess, result: TrialResult,
-                            tripped: asyncio.Event, phase: Phase) -> None:
+                            tripped: asyncio.Event, aborted: asyncio.Event, phase: Phase) -> None:
     api_key = plan.env.get("VLLM_API_KEY")
     async with http_client() as http, contextlib.AsyncExitStack() as shards:
         time_scale = await _time_scale(http, plan.base_url)
@@ -261,22 +485,23 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
         stop_poll = asyncio.Event()
         snapshots: list[prometheus.Snapshot] = []
         poller = asyncio.ensure_future(prometheus.poll(http, plan.base_url, METRICS_POLL_S, stop_poll, snapshots))
-        phase("replay")
-        run = asyncio.ensure_future(replayer.run())
-        died = asyncio.ensure_future(_watch_exit(engine))
-        trip = asyncio.ensure_future(tripped.wait())
-        await asyncio.wait({run, died, trip}, return_when=asyncio.FIRST_COMPLETED)
-        if not run.done():
-            run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run
-        for task in (died, trip):
-            task.cancel()
-        replay = replayer.result()
-        after = await _scrape(http, plan.base_url)
-        stop_poll.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await poller
+        run = died = trip = stop = None
+        try:
+            phase("replay")
+            run = asyncio.ensure_future(replayer.run())
+            died = asyncio.ensure_future(_watch_exit(engine))
+            trip = asyncio.ensure_future(tripped.wait())
+            stop = asyncio.ensure_future(aborted.wait())
+            await asyncio.wait({run, died, trip, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await _cancel(run, died, trip, stop)
+            replay = replayer.result()
+            after = await _scrape(http, plan.base_url)
+            stop_poll.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(poller), timeout=5)
+        finally:
+            # Also when we are cancelled: no replay, poll or watch task outlives the trial.
+            await _cancel(run, died, trip, stop, poller)
     result.metrics = summarize(replay.results, replay.duration_s, time_scale)
     if before is not None and after is not None:
         d = prometheus.delta(before, after)
@@ -299,7 +524,8 @@ def _peak_concurrency(scenario: Scenario) -> int:
 
 
 async def _watch_exit(engine: EngineProcess) -> None:
-    while engine.returncode is None:
+    """Returns when the engine exits or its log says it died (a CUDA OOM can leave vLLM hanging)."""
+    while engine.returncode is None and not engine.facts.fatal:
         await asyncio.sleep(0.05)
 
 

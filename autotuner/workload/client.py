@@ -118,6 +118,10 @@ class StreamingClient:
             res.error = _short(f"timed out ({type(exc).__name__})")
         except httpx.RemoteProtocolError as exc:
             res.error = _short(f"stream cut before [DONE]: {exc}")
+        except (httpx.ReadError, httpx.WriteError) as exc:
+            # A reset connection: httpx's error often has no text of its own, so say what happened.
+            detail = f": {exc}" if str(exc) else ""
+            res.error = _short(f"connection reset by the server ({type(exc).__name__}{detail})")
         except httpx.HTTPError as exc:
             res.error = _short(f"{type(exc).__name__}: {exc}")
         except json.JSONDecodeError as exc:

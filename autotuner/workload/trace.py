@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from autotuner.filelines import read_text
 from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import WorkloadError
 
@@ -17,12 +18,7 @@ class TraceError(WorkloadError):
 
 
 def load_trace(path: Path, require_arrival: bool = False) -> list[RequestSpec]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: trace is not UTF-8 text ({exc.reason})") from None
+    text = read_text(path, TraceError, "trace file")
     out: list[RequestSpec] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -40,35 +36,42 @@ def _parse_line(line: str, require_arrival: bool) -> RequestSpec:
     try:
         obj: Any = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise ValueError(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__} (one request object per line)")
     prompt, messages = obj.get("prompt"), obj.get("messages")
     if (prompt is None) == (messages is None):
-        raise ValueError("needs exactly one of `prompt` (a string) or `messages` (a list)")
+        raise ValueError("prompt/messages: give exactly one of `prompt` (a string) or `messages` (a list)")
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        raise ValueError("`prompt` must be a non-empty string")
+        raise ValueError(f"prompt: must be a non-empty string, got {_short(prompt)}")
     if messages is not None:
         _check_messages(messages)
     max_tokens = obj.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"`max_tokens` must be a positive integer, got {max_tokens!r}")
+        raise ValueError(f"max_tokens: must be a positive integer, got {_short(max_tokens)}")
     arrival = obj.get("arrival_s")
     if arrival is None:
         if require_arrival:
-            raise ValueError("`arrival_s` is required for trace arrivals (seconds from the start)")
+            raise ValueError("arrival_s: is required for trace arrivals (seconds from the start)")
     elif isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival) \
             or arrival < 0:
-        raise ValueError(f"`arrival_s` must be a number ≥ 0, got {arrival!r}")
+        raise ValueError(f"arrival_s: must be a number ≥ 0, got {_short(arrival)}")
     return RequestSpec(prompt=prompt, messages=messages, max_tokens=max_tokens,
                        arrival_s=None if arrival is None else float(arrival), target_prompt_tokens=None)
 
 
 def _check_messages(messages: object) -> None:
     if not isinstance(messages, list) or not messages:
-        raise ValueError("`messages` must be a non-empty list")
+        raise ValueError("messages: must be a non-empty list")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise ValueError(f"`messages[{i}]` must be an object with `role` and `content`")
+            raise ValueError(f"messages[{i}]: must be an object with `role` (a string) and `content`")
         if not isinstance(m["content"], str | list):
-            raise ValueError(f"`messages[{i}].content` must be a string or a list of parts")
+            raise ValueError(f"messages[{i}].content: must be a string or a list of parts")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

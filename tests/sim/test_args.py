@@ -110,7 +110,7 @@ def test_bad_model_config_is_named(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"hidden_size": 0}')
     with pytest.raises(VllmArgError) as err:
         config(str(tmp_path))
-    assert "hidden_size must be a positive integer" in err.value.message
+    assert "config.json:1: hidden_size: must be a positive integer" in err.value.message
 
 
 def test_gpu_file(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_gpu_file(tmp_path: Path) -> None:
     g = load_gpu(str(f))
     assert g.memory_bytes == int(31.36 * (1 << 30)) and g.link_gbps == 50
     f.write_text("name: x\nmemory_gib: 24\n")
-    with pytest.raises(HardwareSpecError, match="missing bandwidth_gbps"):
+    with pytest.raises(HardwareSpecError, match=r"gpu.yaml:1: bandwidth_gbps: is required"):
         load_gpu(str(f))
     with pytest.raises(HardwareSpecError, match="neither a GPU preset"):
         load_gpu("rtx-9999")

@@ -124,11 +124,14 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path: Path, sim_en
         if len([s for _, s in states if s == "COMPLETE"]) >= 2 and engines.is_dir() and list(engines.glob("*.json")):
             break
         time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail(f"no engine of a third trial within 120 s; trials so far: {completed(db)}")
     pgids = [int(p.stem) for p in engines.glob("*.json")]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = completed(db)
-    assert any(state == "RUNNING" for _, state in before) or pgids
+    assert pgids and group_members(pgids[0]), "the killed tuner left its engine running (to be reaped)"
     done = subprocess.run(tune_cmd(path, db, "--trials", "5"), env=sim_env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
@@ -186,7 +189,7 @@ def test_bad_inputs_exit_2(tmp_path: Path) -> None:
     empty = quickstart(tmp_path, search_space={})
     done = tune(str(empty), "--storage", str(tmp_path / "e.db"))
     assert done.returncode == 2 and "search_space is empty" in done.stderr
-    assert not (tmp_path / "e.db").exists() or (tmp_path / "e.db").stat().st_size >= 0
+    assert not (tmp_path / "e.db").exists(), "bad input writes nothing"
     good = quickstart(tmp_path)
     done = tune(str(good), "--storage", str(tmp_path / "no" / "such" / "dir" / "x.db"))
     assert done.returncode == 2 and "does not exist" in done.stderr
@@ -196,10 +199,19 @@ def test_bad_inputs_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2 and "expected e.g. 8h" in done.stderr
 
 
-def test_scenario_model_is_expanded(tmp_path: Path) -> None:
+def test_scenario_model_is_expanded_and_env_kept_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_MODEL_NAME", "llama-2-13b")
+    monkeypatch.setenv("TEST_HF_TOKEN", "hf_canary_value_123")
     data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
+    data["engine"]["model"] = "${TEST_MODEL_NAME}"
+    data["engine"]["env"]["HF_TOKEN"] = "${TEST_HF_TOKEN}"
     sc = Scenario.model_validate(data)
     assert sc.engine.model == "llama-2-13b"
+    assert sc.engine.resolved_env()["HF_TOKEN"] == "hf_canary_value_123"  # what the engine gets
+    assert sc.model_dump(mode="json")["engine"]["env"]["HF_TOKEN"] == "${TEST_HF_TOKEN}"  # what is stored
+    monkeypatch.delenv("TEST_MODEL_NAME")
+    with pytest.raises(ValueError, match=r"uses \$\{TEST_MODEL_NAME\}, which is not set"):
+        Scenario.model_validate(data)
 
 
 def test_model_swap_opens_a_new_study_warm_started_from_the_old(tmp_path: Path) -> None:

@@ -35,9 +35,9 @@ def test_loop_does_not_launch_what_the_wall_rules_out(tmp_path: Path) -> None:
     launched = launched_trials(study)
     assert summary.trials_done == len(launched) == 16
     ooms = [t for t in launched if t.user_attrs["outcome"] in ("oom-threshold", "oom-crash")]
-    for t in complete:
-        if t.user_attrs["outcome"] != OOM_PREDICTED:
-            continue
+    predicted = [t for t in complete if t.user_attrs["outcome"] == OOM_PREDICTED]
+    assert ooms and predicted, "this seed's study meets the wall and then rules candidates out by it"
+    for t in predicted:
         assert t.user_attrs["launched"] is False and not t.user_attrs["feasible"]
         earlier = MemoryWall()
         for o in ooms:

@@ -76,14 +76,14 @@ def test_trace_lines_become_requests(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("line", "message"), [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
-    ('{"max_tokens": 3}', "needs exactly one of `prompt`"),
-    ('{"prompt": "a", "messages": [], "max_tokens": 3}', "needs exactly one of `prompt`"),
-    ('{"prompt": "", "max_tokens": 3}', "`prompt` must be a non-empty string"),
-    ('{"prompt": "a", "max_tokens": 0}', "`max_tokens` must be a positive integer, got 0"),
-    ('{"prompt": "a", "max_tokens": "9"}', "`max_tokens` must be a positive integer"),
-    ('{"prompt": "a", "max_tokens": 3, "arrival_s": -1}', "`arrival_s` must be a number ≥ 0"),
-    ('{"messages": [{"content": "x"}], "max_tokens": 3}', "`messages[0]` must be an object with `role`"),
-    ('{"prompt": "a", "max_tokens": 3}', "`arrival_s` is required for trace arrivals"),
+    ('{"max_tokens": 3}', "prompt/messages: give exactly one of `prompt`"),
+    ('{"prompt": "a", "messages": [], "max_tokens": 3}', "prompt/messages: give exactly one of `prompt`"),
+    ('{"prompt": "", "max_tokens": 3}', "prompt: must be a non-empty string"),
+    ('{"prompt": "a", "max_tokens": 0}', "max_tokens: must be a positive integer, got 0"),
+    ('{"prompt": "a", "max_tokens": "9"}', "max_tokens: must be a positive integer"),
+    ('{"prompt": "a", "max_tokens": 3, "arrival_s": -1}', "arrival_s: must be a number ≥ 0"),
+    ('{"messages": [{"content": "x"}], "max_tokens": 3}', "messages[0]: must be an object with `role`"),
+    ('{"prompt": "a", "max_tokens": 3}', "arrival_s: is required for trace arrivals"),
 ])  # fmt: skip
 def test_a_bad_trace_line_is_named_by_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     path = write(tmp_path, ['{"prompt": "ok", "max_tokens": 1, "arrival_s": 0}', line])
@@ -95,7 +95,7 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tmp_path: Path, line: str, m
 
 
 def test_missing_or_empty_trace(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="cannot read trace"):
+    with pytest.raises(TraceError, match="no such trace file"):
         load_trace(tmp_path / "nope.jsonl")
     with pytest.raises(TraceError, match="no requests"):
         load_trace(write(tmp_path, ["", "  "]))
@@ -218,5 +218,5 @@ async def test_a_trace_spec_loads_the_file(tmp_path: Path) -> None:
     spec = WorkloadSpec(TraceRequests(path), Arrivals("concurrency"), warmup_requests=1)
     built = await build(FakeTokenizer(), spec)
     assert [r.prompt for r in built.requests] == ["p0", "p1", "p2", "p3"] and built.warmup == 1
-    with pytest.raises(TraceError, match=r"trace.jsonl:1: `arrival_s` is required"):
+    with pytest.raises(TraceError, match=r"trace.jsonl:1: arrival_s: is required"):
         await build(FakeTokenizer(), WorkloadSpec(TraceRequests(path), Arrivals("trace")))

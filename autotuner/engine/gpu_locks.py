@@ -1,0 +1,93 @@
+"""One lock per GPU, across every tuner on this box: `$AUTOTUNER_HOME/locks/<GPU UUID>.lock`, held
+with `flock` from the check that the GPU is free until our engine on it has stopped and its memory
+is back. Two tuners with different databases (or `measure` beside `tune`) never share a GPU.
+
+The kernel drops an `flock` when its holder dies, so a killed tuner never leaves a stale lock; the
+file keeps the holder's PID, for the message the next one prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+from autotuner.engine.registry import autotuner_home
+from autotuner.errors import InfrastructureError
+
+LOCKS_DIR = "locks"
+POLL_S = 0.1
+
+
+class GpusBusyError(InfrastructureError):
+    """GPUs we were asked to use are taken: other processes' memory, or another autotuner."""
+
+
+class GpuLockedError(GpusBusyError):
+    """Another autotuner process is using one of the GPUs."""
+
+    def __init__(self, uuid: str, index: int, holder: str, path: Path) -> None:
+        self.uuid, self.index, self.holder, self.path = uuid, index, holder, path
+        super().__init__(
+            f"GPU {index} ({uuid}) is in use by another autotuner (pid {holder}; lock {path}): wait for it "
+            "to finish, or pick other GPUs with engine.gpus")
+
+
+def lock_path(uuid: str, home: Path | None = None) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", uuid)
+    return (home or autotuner_home()) / LOCKS_DIR / f"{safe}.lock"
+
+
+class GpuLocks:
+    """Exclusive locks on GPUs given as (index, uuid); `acquire` takes all or none."""
+
+    def __init__(self, gpus: Iterable[tuple[int, str]], home: Path | None = None) -> None:
+        # A fixed order (by UUID) so that two tuners wanting overlapping sets never deadlock.
+        self.gpus = sorted(set(gpus), key=lambda g: g[1])
+        self.home = home
+        self._fds: list[int] = []
+
+    def acquire(self, wait_s: float = 0.0) -> None:
+        """Raise GpuLockedError naming the holder if a GPU stays locked for `wait_s` seconds."""
+        deadline = time.monotonic() + wait_s
+        try:
+            for index, uuid in self.gpus:
+                path = lock_path(uuid, self.home)
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                            os.close(fd)
+                            raise GpuLockedError(uuid, index, holder, path) from None
+                        time.sleep(POLL_S)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                self._fds.append(fd)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        while self._fds:
+            fd = self._fds.pop()
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing drops the flock
+
+    def __enter__(self) -> GpuLocks:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
