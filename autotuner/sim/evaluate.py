@@ -215,6 +215,8 @@ def request_metrics(sims: list[SimRequest], total_requests: int, end: float) -> 
     for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         for q in PERCENTILES:
             metrics[f"{name}_p{q}_s"] = percentile(values, q)
+        # vllm bench serve prints means beside medians; published runs often quote only the mean.
+        metrics[f"{name}_mean_s"] = sum(values) / len(values) if values else None
     metrics.update(
         completed=len(done),
         failed=total_requests - len(done),

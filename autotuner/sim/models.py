@@ -75,6 +75,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama-3-8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, dtype="bfloat16"),
         ModelSpec("llama-2-70b", 8192, 80, 64, 8, 128, 28672, 32000, 4096),
         ModelSpec("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, dtype="bfloat16"),
+        # Qwen3 shapes from their Hugging Face config.json (Qwen/Qwen3-1.7B, -4B, -8B); the published-run
+        # table (benchmarks/data/published_runs.yaml) has vLLM measurements of them.
+        ModelSpec("qwen3-1.7b", 2048, 28, 16, 8, 128, 6144, 151936, 40960, dtype="bfloat16",
+                  tie_word_embeddings=True),
+        ModelSpec("qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 40960, dtype="bfloat16", tie_word_embeddings=True),
+        ModelSpec("qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960, dtype="bfloat16"),
     )
 }
 
