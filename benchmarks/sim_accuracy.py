@@ -115,7 +115,7 @@ def requests_for(row: dict[str, Any], vocab: int) -> tuple[list[EvalRequest], in
     lo_hi = wl["prompt_tokens"]
     lo, hi = (lo_hi, lo_hi) if isinstance(lo_hi, int) else lo_hi
     reqs = synthetic_requests(wl["prompts"], lambda r: r.randint(lo, hi), lambda _r: wl["output_tokens"], seed=0,
-                              vocab_size=vocab, rate=rate)
+                              vocab_size=vocab, rate=rate, ignore_eos=wl.get("ignore_eos", True))
     return reqs, concurrency
 
 

@@ -54,6 +54,22 @@ class ModelSpec:
         return self.num_params * self.dtype_bytes
 
     @property
+    def lm_head_params(self) -> int:
+        """The output projection: run only for the rows being sampled, read in full every step."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Weights a forward pass reads: all but an untied input embedding, of which it gathers a few rows."""
+        untied_embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return (self.num_params - untied_embedding) * self.dtype_bytes
+
+    @property
+    def token_params(self) -> int:
+        """Parameters every token's forward pass multiplies with (the decoder layers)."""
+        return self.num_layers * self.params_per_layer
+
+    @property
     def derived_max_model_len(self) -> int:
         return int(self.max_position_embeddings * self.rope_scaling_factor)
 
