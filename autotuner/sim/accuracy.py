@@ -24,4 +24,4 @@ class SimAccuracy:
                 "benchmarks/sim_accuracy.py)")
 
 
-SIM_ACCURACY = SimAccuracy(ttft_pct=0.0, tpot_pct=0.0, tput_pct=0.0, runs=0, measured="2026-11-30")
+SIM_ACCURACY = SimAccuracy(ttft_pct=13.0, tpot_pct=10.0, tput_pct=12.0, runs=23, measured="2026-11-30")

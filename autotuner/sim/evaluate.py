@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.sim.args import EngineConfig
 from autotuner.sim.core import EngineCore, SimRequest
 from autotuner.sim.memory import MemoryPlan, StartupError, plan_startup
@@ -97,6 +98,7 @@ class Evaluation:
     preemptions: int = 0
     startup: dict[str, float] = field(default_factory=dict)
     config: dict[str, object] = field(default_factory=dict)
+    accuracy: str = SIM_ACCURACY.quote()  # the simulator's measured error, for whoever reads the numbers
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
