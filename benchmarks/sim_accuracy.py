@@ -168,6 +168,22 @@ def memory_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def first_failing_util(row: dict[str, Any], extra: list[str]) -> str:
+    """The lowest utilization (0.80–0.99, 0.01 steps) at which the row's workload no longer serves."""
+    flags = [str(f) for f in row.get("flags", [])]
+    if "--enable-chunked-prefill" in extra:
+        flags = [f for f in flags if f != "--no-enable-chunked-prefill"]
+    for step in range(80, 100):
+        util = f"{step / 100:.2f}"
+        changed = [*flags, *extra]
+        i = changed.index("--gpu-memory-utilization")
+        changed[i + 1] = util
+        ev = run_row({**row, "flags": changed})
+        if ev.outcome != "ok":
+            return f"{util} ({ev.outcome})"
+    return "none up to 0.99"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DATA)
@@ -224,6 +240,11 @@ def main() -> None:
                 peak = "-" if m["peak"] is None else f"{m['peak']:.3f}"
                 print(f"{label}{m['id']:38} {m['outcome']:>6} {m['reported']:>7} {'yes' if m['agree'] else 'NO':>6} "
                       f"{kv:>16} {act:>21} {peak:>9}")
+    for r in data.get("story", []) if not args.only else []:
+        print(f"  {r['id']}: first utilization that dies, same prompts: " + ", ".join(
+            f"{label} {first_failing_util(r, extra)}" for label, extra in (
+                ("as told", []), ("chunked prefill, budget 2048", ["--enable-chunked-prefill"]),
+                ("chunked prefill, budget 16384", ["--enable-chunked-prefill", "--max-num-batched-tokens", "16384"]))))
     agree = sum(m["agree"] for m in mem)
 
     rows_consumer = sum(1 for s in scored if s.row["gpu"] in CONSUMER)
