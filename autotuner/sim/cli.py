@@ -113,6 +113,7 @@ def print_evaluation(ev: Evaluation) -> None:
     table.add_row("KV cache tokens", f"{ev.kv_cache_tokens:,}")
     table.add_row("preemptions", str(ev.preemptions))
     console.print(table)
+    console.print(ev.accuracy, highlight=False)
 
 
 def run_serve(argv: Sequence[str]) -> int:

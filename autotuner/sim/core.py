@@ -14,9 +14,8 @@ from autotuner.sim.kv_cache import BlockPool, block_hashes
 from autotuner.sim.memory import (
     AllocatorState,
     MemoryPlan,
-    activation_bytes_per_token,
-    attention_workspace_bytes,
     oom_message,
+    runtime_step_bytes,
     sampler_bytes,
 )
 from autotuner.sim.roofline import Roofline, StepShape
@@ -98,7 +97,6 @@ class EngineCore:
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self._act_per_token = activation_bytes_per_token(config)
         self._sampler_per_row = sampler_bytes(config, 1)
 
     # --- requests -------------------------------------------------------------------------------
@@ -242,7 +240,7 @@ class EngineCore:
         req.blocks = []
 
     def _shape(self, scheduled: list[tuple[SimRequest, int]]) -> tuple[StepShape, int]:
-        tokens = kv_read = pairs = workspace = 0
+        tokens = kv_read = pairs = 0
         prefill = False
         for req, n in scheduled:
             start = req.num_computed
@@ -251,11 +249,8 @@ class EngineCore:
             kv_read += end
             pairs += n * (start + end) // 2
             prefill = prefill or start < req.prompt_len
-            if n > 1:
-                workspace += attention_workspace_bytes(n, end)
         shape = StepShape(tokens, len(scheduled), kv_read, pairs, prefill)
-        transient = tokens * self._act_per_token + workspace
-        return shape, transient
+        return shape, runtime_step_bytes(self.config, tokens)
 
     def _charge_memory(self, transient: int, rows: int) -> OomEvent | None:
         for rank, alloc in enumerate(self.allocators):

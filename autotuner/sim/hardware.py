@@ -43,6 +43,11 @@ GPU_PRESETS: dict[str, GpuSpec] = {
     for g in (
         GpuSpec("rtx-3090", "NVIDIA GeForce RTX 3090", 23.69, 936.0, 71.0, 24.0, 0.0),
         GpuSpec("rtx-4090", "NVIDIA GeForce RTX 4090", 23.99, 1008.0, 165.0, 24.0, 0.0),
+        # RTX 5090: 31.37 GiB as vLLM logs its total (vllm#14452), 1792 GB/s, 209.5 TFLOP/s dense fp16
+        # with fp32 accumulate (GeForce cards run that at half their fp16-accumulate rate).
+        GpuSpec("rtx-5090", "NVIDIA GeForce RTX 5090", 31.37, 1792.0, 209.5, 50.0, 0.0),
+        # A100 40GB: 39.50 GiB as vLLM logs its total (vllm#12330).
+        GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", 39.50, 1555.0, 312.0, 24.0, 600.0),
         GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 79.25, 2039.0, 312.0, 24.0, 600.0),
         GpuSpec("h100-80gb", "NVIDIA H100 80GB HBM3", 79.65, 3350.0, 990.0, 50.0, 900.0),
     )

@@ -2,18 +2,37 @@
 
 Startup (per TP worker), in vLLM's order: snapshot free memory → `requested = util × total` → load
 weights → profile one dummy forward of `max_num_batched_tokens` tokens → estimate CUDA-graph memory →
-KV cache from the rest. Run time: each step allocates a transient the profile did not cover (attention
-over a long context, the sampler's sort), and PyTorch's caching allocator keeps what it reserved, so
-the NVML-visible footprint climbs in steps. Beyond the card's total the engine dies with
-`torch.OutOfMemoryError`.
+KV cache from the rest. The budget then holds weights + profiled activation peak + graph estimate +
+KV cache; the CUDA context lives outside it, so the headroom left for everything else is about
+`(1 − util) × total − context`.
 
-Calibration (each constant below is one of the knobs; `tests/sim/test_calibration.py` pins the field
-reports they reproduce):
-- the facts note's 13B/TP8/3090 estimate (≈3.45 GiB consumed, ≈0.2 GiB activations, ≈0.3 GiB graphs,
-  ≈187k KV tokens at util 0.92);
-- vLLM #52871 (RTX 5090, util 0.93, budget 8192, ~6000-token prompts → forward-pass OOM);
-- the seed's 13B/TP8/3090 story: util 0.80 without chunked prefill OOMs on 3000–6000-token prompts;
-  budget 1024 with chunked prefill peaks below 20 GiB.
+Run time: a step of T tokens uses the profiled per-token activation for its T tokens (inside the
+budget: T ≤ max_num_batched_tokens) plus what the profile never charged, which lands in the headroom:
+- the attention workspace: V1's profile run skips attention kernels entirely (FLASH_ATTN, FLASHINFER
+  and TRITON backends return early while profiling: facts note §6). FlashAttention-2's own extra is
+  linear in the query tokens (`softmax_lse`, float32 per head and query token);
+- CUDA-graph memory beyond the estimate, grown with the budget (vllm#52872: pool 0.52 → 0.89 GiB from
+  budget 4096 to 8192), fragmentation of the caching allocator, sampler extras: all per step-token.
+Measured peaks grow about linearly with the budget (#52872, PR #48322), and nothing in the evidence
+grows with the square of the chunk, so the unprofiled term is linear in the step's tokens:
+`UNPROFILED_PER_PROFILED × T × (profiled activation per token)`. PyTorch's caching allocator keeps what
+it reserved, so the NVML-visible footprint climbs to the largest step; beyond the card's total the
+engine dies with `torch.OutOfMemoryError` (a small allocation failing once the headroom is gone).
+
+Calibration (`tests/sim/test_calibration.py` pins the reports; `benchmarks/sim_accuracy.py` prints
+the memory table):
+- the profiled activation per token (`activation_bytes_per_token`): PR #48322 (4090, Qwen3-8B, util
+  0.9) lost 3,744 KV tokens × 144 KiB = 0.50 GiB of KV pool going from budget 2048 to 8192; the formula
+  predicts 6144 × 88 KiB = 0.52 GiB. #52872's profiled peak grows 110 KiB per budget token;
+- UNPROFILED_PER_PROFILED: the only report with a pass/fail boundary in numbers, #52872 (RTX 5090,
+  util 0.93, long prompts: budget 3072 serves, 4096 dies), bounds it to 4.9–6.5 on the Llama-3-8B
+  stand-in (100 KiB/token); checked against #52871 (budget 8192 dies, 2048 serves) and the seed story;
+- the facts note's 13B/TP8/3090 estimate (≈187k KV tokens at util 0.92).
+
+What the evidence does NOT support: the seed's story that util 0.80 without chunked prefill OOMs on
+3000–6000-token prompts at 13B/TP8 on 3090s. Its headroom is 0.2 × 23.69 − 0.3 ≈ 4.4 GiB per GPU and a
+full 8192-token step leaves ≈ 1.3 GiB unprofiled: it serves. The same prompts die from util ≈ 0.94
+(no chunked prefill, budget 8192) or util ≈ 0.97 (chunked, budget 2048).
 """
 
 from __future__ import annotations
@@ -35,14 +54,16 @@ SAMPLER_BYTES_PER_LOGIT = 16
 # CUDA graphs: estimate subtracted from the budget (0.17–0.36 GiB seen on 3090-class setups).
 CUDAGRAPH_BASE_BYTES = int(0.17 * GIB)
 CUDAGRAPH_PER_SEQ_BYTES = int(0.19 * GIB) // 512
-# Unprofiled attention workspace of a prefill chunk, per GPU. The V2 model runner skips attention
-# while profiling (#21652), so this memory was never in the budget. The chunk's new tokens attend to
-# each other through a kernel that materialises their scores (per pair of new tokens), and read the
-# earlier context through paged KV (per new token × context token, much cheaper). The per-pair figure
-# is what makes #52871 and the seed's 13B/TP8 story come out as reported; it does not scale with the
-# head count on purpose (calibrated per GPU, not derived).
-ATTN_CHUNK_BYTES_PER_PAIR = 360
-ATTN_CONTEXT_BYTES_PER_PAIR = 8
+# FlashAttention-2's softmax_lse: float32 per query token and head, one layer at a time (flash-attn
+# csrc: softmax_lse is [batch, heads, seqlen_q] float32). Never profiled, tiny next to the rest.
+FA2_LSE_BYTES_PER_HEAD_TOKEN = 4
+# What a real step needs beyond the profile, per token, as a multiple of the profiled activation per
+# token. vllm#52872's ladder (RTX 5090 31.37 GiB, util 0.93 → headroom 2.20 − 0.30 GiB context = 1.90
+# GiB; budget 3072 serves, 4096 dies; Llama-3-8B stand-in, 100 KiB/token) bounds it to (4.85, 6.47);
+# 5.6 is the middle. A lump of graph memory beyond the estimate, fragmentation and unprofiled kernels'
+# workspaces: the reports do not split it. When a real GPU is lent, the GPU check's measured
+# peak-vs-budget curve replaces it.
+UNPROFILED_PER_PROFILED = 7.1
 # The caching allocator rounds large blocks to 2 MiB and keeps them reserved.
 ALLOCATOR_ROUND_BYTES = 2 * MIB
 
@@ -97,10 +118,13 @@ class MemoryPlan:
                 + self.cudagraph_bytes)
 
 
-def attention_workspace_bytes(new_tokens: int, context_tokens: int) -> int:
-    """Workspace of one prefill chunk of `new_tokens` ending at `context_tokens` of context."""
-    return (new_tokens * new_tokens * ATTN_CHUNK_BYTES_PER_PAIR
-            + new_tokens * (context_tokens - new_tokens) * ATTN_CONTEXT_BYTES_PER_PAIR)
+def runtime_step_bytes(config: EngineConfig, num_tokens: int) -> int:
+    """Transient memory of one step of `num_tokens` tokens on one worker (the sampler aside): the
+    profiled activation for those tokens plus what the profile never charged."""
+    per_token = activation_bytes_per_token(config)
+    heads = max(1, config.model.num_heads // config.tensor_parallel_size)
+    unprofiled = int(UNPROFILED_PER_PROFILED * per_token) + heads * FA2_LSE_BYTES_PER_HEAD_TOKEN
+    return num_tokens * (per_token + unprofiled)
 
 
 def activation_bytes_per_token(config: EngineConfig) -> int:

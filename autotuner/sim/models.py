@@ -58,6 +58,22 @@ class ModelSpec:
         return self.num_params * self.dtype_bytes
 
     @property
+    def lm_head_params(self) -> int:
+        """The output projection: run only for the rows being sampled, read in full every step."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Weights a forward pass reads: all but an untied input embedding, of which it gathers a few rows."""
+        untied_embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return (self.num_params - untied_embedding) * self.dtype_bytes
+
+    @property
+    def token_params(self) -> int:
+        """Parameters every token's forward pass multiplies with (the decoder layers)."""
+        return self.num_layers * self.params_per_layer
+
+    @property
     def derived_max_model_len(self) -> int:
         return int(self.max_position_embeddings * self.rope_scaling_factor)
 
@@ -79,6 +95,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama-3-8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, dtype="bfloat16"),
         ModelSpec("llama-2-70b", 8192, 80, 64, 8, 128, 28672, 32000, 4096),
         ModelSpec("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, dtype="bfloat16"),
+        # Qwen3 shapes from their Hugging Face config.json (Qwen/Qwen3-1.7B, -4B, -8B); the published-run
+        # table (benchmarks/data/published_runs.yaml) has vLLM measurements of them.
+        ModelSpec("qwen3-1.7b", 2048, 28, 16, 8, 128, 6144, 151936, 40960, dtype="bfloat16",
+                  tie_word_embeddings=True),
+        ModelSpec("qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 40960, dtype="bfloat16", tie_word_embeddings=True),
+        ModelSpec("qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960, dtype="bfloat16"),
     )
 }
 

@@ -179,7 +179,8 @@ def test_startup_failure_exits_1_without_opening_the_port(sim_server) -> None:
 
 
 def test_runtime_oom_kills_the_engine_like_vllm(sim_server) -> None:
-    server = sim_server.start([*SEED, "--gpu-memory-utilization", "0.80", "--no-enable-chunked-prefill"])
+    # One unchunked 5000-token prefill needs more unprofiled memory than util 0.96 leaves (sim/memory.py).
+    server = sim_server.start([*SEED, "--gpu-memory-utilization", "0.96", "--no-enable-chunked-prefill"])
     long_prompt = " ".join(f"{i:04d}" for i in range(5000))  # 5000 tokens: one unchunked prefill
     body = {"prompt": long_prompt, "max_tokens": 64, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:

@@ -57,8 +57,9 @@ def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Pa
     assert [t.user_attrs["kind"] for t in trials[1:3]] == ["probe", "probe"]
     assert [t.params["max-num-batched-tokens"] for t in trials[1:3]] == [1024, 512]
     assert trials[0].params == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.92, "cpu-offload-gb": 0.0}
-    # The seed's world: vLLM's defaults die of OOM on long prompts.
-    assert trials[0].user_attrs["outcome"] in ("oom-threshold", "oom-crash")
+    # The evidence-based wall (autotuner/sim/memory.py): vLLM's defaults serve these long prompts; the
+    # quickstart's space reaches past the wall, where trials die.
+    assert trials[0].user_attrs["outcome"] == "ok"
     for t in trials:
         assert set(t.user_attrs["constraints"]) == set(CONSTRAINT_KEYS)
         assert set(t.system_attrs) >= {f"constraints:{k}" for k in CONSTRAINT_KEYS}
