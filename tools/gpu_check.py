@@ -610,7 +610,7 @@ def step_nvml(config: CheckConfig, rec: Recorder) -> None:
             driver = module.nvmlSystemGetDriverVersion()
             rec.set("driver", driver.decode() if isinstance(driver, bytes) else str(driver))
         rec.set("idle_used_bytes", monitor.sample()[0])
-        rec.set("idle_processes", monitor.processes(0))
+        rec.set("idle_processes", _attempt(lambda: monitor.processes(0)))
 
         # Query latency: one memory reading, many times.
         lat = []
@@ -636,15 +636,24 @@ def step_nvml(config: CheckConfig, rec: Recorder) -> None:
 
         # Our own allocation as NVML sees it: the process list, and used memory, while we hold 1 GiB.
         gpu = open_device(config)
-        rec.set("versions", gpu.versions())
         before = monitor.sample()[0]
         gpu.hold(GIB)
         time.sleep(0.2)
         held = monitor.sample()[0]
-        procs = monitor.processes(0)
-        rec.set("hold_1gib", {"used_rise_bytes": held - before, "processes": procs,
-                              "own_pid": os.getpid(), "own_pid_listed": any(p == os.getpid() for p, _ in procs)})
+        procs = _attempt(lambda: monitor.processes(0))
+        listed = any(p == os.getpid() for p, _ in procs) if isinstance(procs, list) else None
+        rec.set("hold_1gib", {"used_rise_bytes": held - before, "processes": procs, "own_pid": os.getpid(),
+                              "own_pid_listed": listed})
         gpu.release_all()
+
+
+def _attempt(fn: Callable[[], Any]) -> Any:
+    """fn's value, or {"error": ...}: a query the driver refuses (process lists in some containers)
+    is a finding, not the end of the step."""
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -843,24 +852,23 @@ def run_hog(config: CheckConfig, mode: str) -> int:
         time.sleep(120)
         return 3
     chunk = 4 * GIB
-    while chunk >= 2 * MIB:
+    while True:
         try:
             gpu.hold(chunk)
             held += chunk
-        except DeviceOutOfMemoryError:
-            chunk //= 2
+            continue
+        except DeviceOutOfMemoryError as exc:
+            if chunk > 2 * MIB:
+                chunk //= 2
+                continue
+            failed = exc
+        break
     free, _ = gpu.free_bytes()
     print(f"wall {held} {free} {total}", flush=True)
-    error = gpu.oom_error_type()
-    try:
-        gpu.hold(total)
-    except DeviceOutOfMemoryError as exc:
-        if isinstance(exc.__cause__, error):  # the framework's own exception, as a server logs it
-            raise exc.__cause__ from None
-        traceback.print_exc()
-        print(f"torch.OutOfMemoryError: {exc.message}", flush=True)  # the stand-in's line, as torch prints it
-        return 1
-    return 0
+    if isinstance(failed.__cause__, gpu.oom_error_type()):
+        raise failed.__cause__ from None  # the framework's own exception, its traceback as a server logs it
+    print(f"torch.OutOfMemoryError: {failed.message}", flush=True)  # the stand-in's line, as torch prints it
+    return 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1157,7 +1165,6 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"{gpu.get('memory_gib', 0):.2f} GiB (set to the measured total) |",
                   f"| UUID | {dev.get('uuid', '—')} | — |",
                   f"| driver | {f.get('driver', '—')} | — |",
-                  f"| versions | {f.get('versions', '—')} | — |",
                   f"| used while idle | {_mib(f.get('idle_used_bytes'))} | — |",
                   f"| processes while idle | {f.get('idle_processes', '—')} | — |",
                   f"| one memory query (median / p99 / max) | {lat.get('median', 0):.1f} / {lat.get('p99', 0):.1f} / "
@@ -1206,7 +1213,7 @@ def _wall_markdown(step: dict[str, Any], sim: dict[str, Any], fits: dict[str, An
     steady = f.get("steady") or {}
     model = f.get("model") or {}
     plan = sim.get("startup") or {}
-    lines = ["## 2. The memory wall", "",
+    lines = ["## 2. The memory wall", "", f"Versions: {f.get('versions', '—')}.",
              f"Model: {model.get('preset', '—')} shape, {model.get('layers', '—')} layers, random bf16 weights "
              f"(built in {model.get('build_s', 0):.1f} s); prompts of {model.get('prompts', '—')} tokens, all arriving "
              "at once, prefilled in chunks of at most the budget per engine step.",

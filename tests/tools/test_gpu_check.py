@@ -19,7 +19,7 @@ WHEELS = ROOT / "tools" / "gpu_wheels.txt"
 
 # The device machine's image, as /work/.library/device/KINDS.md lists it (read 2026-11-17), by
 # distribution name: what the check may import there without carrying a wheel.
-PREINSTALLED = set("""
+_IMAGE_PACKAGES = """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
 charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
@@ -40,7 +40,8 @@ sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server 
 tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
 wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split())
+"""
+PREINSTALLED = frozenset(_IMAGE_PACKAGES.split())
 
 
 def _load_check():
