@@ -277,6 +277,7 @@ class TorchCuda:
     """The real device: PyTorch on CUDA, the model built by transformers with random weights."""
 
     label = "torch"
+    dtype = "bfloat16"
 
     def __init__(self, index: int) -> None:
         import torch
@@ -346,7 +347,7 @@ class TorchCuda:
             tie_word_embeddings=spec.tie_word_embeddings,
         )
         previous = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
+        torch.set_default_dtype(getattr(torch, self.dtype))
         try:
             with torch.device(self.device):
                 model = LlamaForCausalLM(config)
@@ -359,31 +360,43 @@ class TorchCuda:
     def reserve_kv(self, nbytes: int) -> int:
         """One tensor [layers, 2, kv_heads, tokens, head_dim] of `nbytes` at most; its token capacity."""
         cfg = self.model.config
-        per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+        per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * self.model.dtype.itemsize
         tokens = max(0, nbytes // per_token)
         try:
             self.kv = self.torch.empty(
                 (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, tokens, cfg.head_dim),
-                dtype=self.torch.bfloat16, device=self.device,
+                dtype=getattr(self.torch, self.dtype), device=self.device,
             )
         except self.torch.OutOfMemoryError as exc:
             raise DeviceOutOfMemoryError(str(exc)) from exc
         return tokens
 
-    def run(self, steps: list[list[Chunk]], backend: str, use_kv: bool = True) -> None:
-        """Chunked prefill steps through SDPA with one backend; raises DeviceOutOfMemoryError."""
+    def run(self, steps: list[list[Chunk]], backend: str, use_kv: bool = True) -> Any:
+        """Chunked prefill steps through SDPA with one backend: the last step's logits (one row per
+        sequence in it); raises DeviceOutOfMemoryError."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         chosen = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[backend]
+        logits = None
         try:
             with self.torch.inference_mode(), sdpa_kernel([chosen]):
                 for chunks in steps:
-                    self._forward(chunks, self.kv if use_kv else None)
-            self.torch.cuda.synchronize(self.device)
+                    logits = self._forward(chunks, self.kv if use_kv else None)
+            self.synchronize()
         except self.torch.OutOfMemoryError as exc:
             raise DeviceOutOfMemoryError(str(exc)) from exc
+        return logits
 
-    def _forward(self, chunks: list[Chunk], kv: Any) -> None:
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def token_ids(torch: Any, chunks: list[Chunk], vocab: int, device: Any) -> Any:
+        """Each prompt token's id is a function of its place, so any chunking feeds the same prompts."""
+        where = torch.cat([torch.arange(o + s, o + s + n, device=device) for o, s, n in chunks])
+        return ((where * 7919 + 13) % vocab).unsqueeze(0)
+
+    def _forward(self, chunks: list[Chunk], kv: Any) -> Any:
         """One engine step: all chunks' tokens through the projections and MLPs together (as vLLM
         batches them), attention per sequence over its cached context (as vLLM's varlen kernel)."""
         torch = self.torch
@@ -395,10 +408,12 @@ class TorchCuda:
         cfg = self.model.config
         nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         total = sum(n for _, _, n in chunks)
-        ids = torch.randint(0, cfg.vocab_size, (1, total), device=self.device)
+        ids = self.token_ids(torch, chunks, cfg.vocab_size, self.device)
         pos = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in chunks]).unsqueeze(0)
         h = model.embed_tokens(ids)
-        cos, sin = model.rotary_emb(h, pos)
+        # transformers ≥ 4.45 keeps one rotary embedding on the model, older ones one per attention layer
+        rotary = getattr(model, "rotary_emb", None) or model.layers[0].self_attn.rotary_emb
+        cos, sin = rotary(h, pos)
         for li, layer in enumerate(model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -433,6 +448,7 @@ class TorchCuda:
         last = torch.tensor(list(_ends(chunks)), device=self.device)
         logits = self.model.lm_head(h[0, last]).float()
         torch.sort(torch.softmax(logits, dim=-1), dim=-1, descending=True)
+        return logits
 
     def attention_agreement(self) -> float:
         """‖flash − math‖ / ‖math‖ for one lower-right causal chunk (1024 new over 3072 context)."""
@@ -678,8 +694,7 @@ def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
         rec.set("model", {"preset": config.model, "layers": config.layers or spec.num_layers,
                           "prompts": list(config.prompts),
                           "weights_bytes": weights, "build_s": time.perf_counter() - t})
-        with contextlib.suppress(Exception):
-            rec.set("attention_rel_error_flash_math_vs_fp64", gpu.attention_agreement())
+        rec.set("attention_rel_error_flash_math_vs_fp64", _attempt(gpu.attention_agreement))
         # vLLM V1's startup: profile one forward of the largest budget, no KV cache yet.
         profile_tokens = max(config.budgets)
         allocated0, _ = gpu.memory()
@@ -729,6 +744,8 @@ def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
                     gpu.run(steps, backend)
                 except DeviceOutOfMemoryError as exc:
                     row["oom"] = exc.message.splitlines()[0]
+                except Exception as exc:  # no kernel for this backend, say: the other runs still count
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 row["seconds"] = last_s = time.perf_counter() - t
                 nvml_after = monitor.sample()[0]
                 summary = sampler.stop()
@@ -1106,7 +1123,7 @@ def build_report(config: CheckConfig, steps: list[StepResult], started: float) -
     fits: dict[str, Any] = {}
     rows = by["wall"].tables.get("wall", []) if "wall" in by else []
     for backend in config.backends:
-        ok = [r for r in rows if r.get("backend") == backend and "oom" not in r and "skipped" not in r]
+        ok = [r for r in rows if r.get("backend") == backend and not {"oom", "skipped", "error"} & set(r)]
         for metric in ("allocated_rise_bytes", "nvml_rise_bytes"):
             fit = fit_curve([r["budget"] for r in ok], [r[metric] for r in ok])
             if fit is not None:
@@ -1238,7 +1255,7 @@ def _wall_markdown(step: dict[str, Any], sim: dict[str, Any], fits: dict[str, An
         if "skipped" in row:
             lines.append(f"| {row['budget']} | {row['backend']} | — | skipped: {row['skipped']} | | | | {predicted} |")
             continue
-        oom = f" OOM: {row['oom']}" if "oom" in row else ""
+        oom = f" OOM: {row['oom']}" if "oom" in row else (f" error: {row['error']}" if "error" in row else "")
         lines.append(f"| {row['budget']} | {row['backend']} | {row.get('engine_steps', '—')} | "
                      f"{_mib(row.get('allocated_rise_bytes'))}{oom} | {_mib(row.get('reserved_rise_bytes'))} | "
                      f"{_mib(row.get('nvml_rise_bytes'))} | {row.get('seconds', 0):.2f} | {predicted} |")
@@ -1272,7 +1289,8 @@ def plot_wall(path: Path, report: dict[str, Any]) -> None:
     rows = report["steps"].get("wall", {}).get("tables", {}).get("wall", [])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for backend in BACKENDS:
-        ok = [r for r in rows if r.get("backend") == backend and "nvml_rise_bytes" in r and "oom" not in r]
+        ok = [r for r in rows if r.get("backend") == backend and "nvml_rise_bytes" in r
+              and not {"oom", "error"} & set(r)]
         if ok:
             ax.plot([r["budget"] for r in ok], [r["nvml_rise_bytes"] / GIB for r in ok], "o-",
                     label=f"{backend} (NVML)")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import VllmCpu
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
 WHEELS = ROOT / "tools" / "gpu_wheels.txt"
@@ -375,3 +377,28 @@ def test_wrapper_refuses_to_run_without_wheels(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(wrapper), "--dry-run"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2
     assert "make gpu-wheels" in proc.stderr
+
+
+# ---- the torch path itself, on the CPU
+
+
+@pytest.mark.vllm
+def test_torch_path_matches_transformers_on_cpu(vllm_cpu: VllmCpu) -> None:
+    """The check's own layer loop, KV tensor and chunking give transformers' logits for each whole prompt."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([vllm_cpu.python, str(ROOT / "tests" / "tools" / "torch_cpu_probe.py")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for case in ("kv_heads=4", "kv_heads=2"):
+        got = results[case]
+        assert got["kv_tokens"] >= 250
+        for budget in (64, 1000):
+            assert got[f"math/{budget}"] < 1e-4, got  # float32 throughout
+        assert got["profile_rows"] == [1, 256]
+        # Flash on the CPU: where this torch build has a kernel for it, it must agree too.
+        for budget in (64, 1000):
+            if f"flash/{budget}" in got:
+                assert got[f"flash/{budget}"] < 1e-4, got
