@@ -809,7 +809,8 @@ def step_oom(config: CheckConfig, rec: Recorder, deadline: float, home: Path) ->
         summary = sampler.stop()
         gone = proc.stop(grace_s=2)
         sample_at = t0 + event.t_s
-        grow_lines = [line.split() for line in proc.log_tail(400) if line.startswith("held ")]
+        grow_log = (home / "hog-grow.log").read_text(errors="replace").splitlines()
+        grow_lines = [line.split() for line in grow_log if line.startswith("held ")]
         # The allocation that crossed is the child's last one logged before the callback ran.
         crossing = [float(p[2]) for p in grow_lines if len(p) == 3 and float(p[2]) <= marks["callback_wall"]]
         rec.set("trip", {

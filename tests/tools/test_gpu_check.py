@@ -395,6 +395,7 @@ def test_torch_path_matches_transformers_on_cpu(vllm_cpu: VllmCpu) -> None:
     for case in ("kv_heads=4", "kv_heads=2"):
         got = results[case]
         assert got["kv_tokens"] >= 250
+        assert got["weights_bytes"] == got["sim_weights_bytes_fp32"]  # the simulator counts the same parameters
         for budget in (64, 1000):
             assert got[f"math/{budget}"] < 1e-4, got  # float32 throughout
         assert got["profile_rows"] == [1, 256]
@@ -402,3 +403,4 @@ def test_torch_path_matches_transformers_on_cpu(vllm_cpu: VllmCpu) -> None:
         for budget in (64, 1000):
             if f"flash/{budget}" in got:
                 assert got[f"flash/{budget}"] < 1e-4, got
+    assert results["attention_agreement"] < 2e-2  # bf16 flash and math against float64

@@ -63,7 +63,8 @@ def main() -> int:
             ids = gpu.token_ids(torch, [(offset, 0, length)], spec.vocab_size, gpu.device)
             with torch.inference_mode():
                 reference.append(gpu.model(input_ids=ids).logits[0, -1].float())
-        case: dict[str, Any] = {"weights_bytes": weights, "kv_tokens": tokens, "errors": {}}
+        case: dict[str, Any] = {"weights_bytes": weights, "sim_weights_bytes_fp32": spec.num_params * 4,
+                                "kv_tokens": tokens, "errors": {}}
         for backend in ("math", "flash"):
             for budget in (64, 1000):
                 steps = gpu_check.schedule_chunks(prompts, budget)
@@ -77,6 +78,7 @@ def main() -> int:
         profile = gpu.run([[(0, 0, 128)]], "math", use_kv=False)
         case["profile_rows"] = list(profile.shape)
         results[f"kv_heads={kv_heads}"] = case
+    results["attention_agreement"] = TorchOnCpu().attention_agreement()
     print(json.dumps(results))
     return 0
 
