@@ -48,7 +48,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -250,6 +250,26 @@ class DeviceOutOfMemoryError(Exception):
 
 # One prefill step: (slot offset in the KV tensor, first position, new tokens) per sequence.
 Chunk = tuple[int, int, int]
+
+
+class Device(Protocol):
+    """What the steps ask of the GPU; TorchCuda does it for real, CpuStandIn by formula."""
+
+    label: str
+
+    def hold(self, nbytes: int) -> None: ...  # a plain allocation; raises DeviceOutOfMemoryError
+    def release_all(self) -> None: ...
+    def free_bytes(self) -> tuple[int, int]: ...  # (free, total) as the framework sees them
+    def oom_error_type(self) -> type[BaseException]: ...
+    def versions(self) -> dict[str, str]: ...
+    def memory(self) -> tuple[int, int]: ...  # (allocated, reserved) by the caching allocator
+    def reset_peak(self) -> None: ...
+    def peak(self) -> tuple[int, int]: ...  # (max allocated, max reserved) since reset_peak
+    def empty_cache(self) -> None: ...
+    def load_model(self, spec: Any, layers: int | None) -> int: ...  # weight bytes
+    def reserve_kv(self, nbytes: int) -> int: ...  # KV tokens it holds
+    def run(self, steps: list[list[Chunk]], backend: str, use_kv: bool = True) -> Any: ...
+    def attention_agreement(self) -> float: ...
 
 
 def schedule_chunks(prompts: tuple[int, ...], budget: int) -> list[list[Chunk]]:
@@ -588,7 +608,7 @@ class CpuStandIn:
         return 0.0
 
 
-def open_device(config: CheckConfig) -> TorchCuda | CpuStandIn:
+def open_device(config: CheckConfig) -> Device:
     return CpuStandIn(config.gpu_index) if config.dry_run else TorchCuda(config.gpu_index)
 
 
@@ -663,6 +683,17 @@ def step_nvml(config: CheckConfig, rec: Recorder) -> None:
         gpu.release_all()
 
 
+def wait_idle(monitor: Any, rec: Recorder, timeout_s: float = 20.0) -> None:
+    """Wait until the last step's memory is back with the driver (it frees a dead process's memory a
+    little after the exit): a baseline taken before that would be the last step's footprint."""
+    from autotuner.monitor import wait_until
+
+    limit = int(0.05 * monitor.devices()[0].total_bytes)
+    t = time.perf_counter()
+    idle = wait_until(monitor, lambda used: used[0] < limit, timeout_s, interval_s=0.01)
+    rec.set("idle_wait", {"idle": idle, "seconds": time.perf_counter() - t, "used_bytes": monitor.sample()[0]})
+
+
 def _attempt(fn: Callable[[], Any]) -> Any:
     """fn's value, or {"error": ...}: a query the driver refuses (process lists in some containers)
     is a finding, not the end of the step."""
@@ -684,6 +715,7 @@ def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
     monitor = open_nvml(config)
     with monitor:
         total = monitor.devices()[0].total_bytes
+        wait_idle(monitor, rec)
         before_nvml = monitor.sample()[0]
         gpu = open_device(config)
         rec.set("versions", gpu.versions())
@@ -788,6 +820,7 @@ def step_oom(config: CheckConfig, rec: Recorder, deadline: float, home: Path) ->
     monitor = open_nvml(config)
     with monitor:
         total = monitor.devices()[0].total_bytes
+        wait_idle(monitor, rec)
         baseline = monitor.sample()
         tolerance = 256 * MIB
 
@@ -950,8 +983,10 @@ def run_step(config: CheckConfig, step: str, box_s: float, work: Path, log: Any)
     log.write(f"=== step {step} (box {box_s:.0f} s)\n")
     log.flush()
     t = time.perf_counter()
+    # CUDA numbers GPUs as NVML does (by PCI bus), so that --gpu-index names one card for both.
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     status = "ok"
     try:
         rc = proc.wait(timeout=box_s)

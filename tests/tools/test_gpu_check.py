@@ -404,3 +404,15 @@ def test_torch_path_matches_transformers_on_cpu(vllm_cpu: VllmCpu) -> None:
             if f"flash/{budget}" in got:
                 assert got[f"flash/{budget}"] < 1e-4, got
     assert results["attention_agreement"] < 2e-2  # bf16 flash and math against float64
+
+
+def test_the_stand_in_offers_what_the_real_device_does() -> None:
+    """The dry run only proves the steps' plumbing if CpuStandIn answers every call TorchCuda does."""
+    import inspect
+
+    wanted = {n for n, _ in inspect.getmembers(gpu_check.Device, inspect.isfunction) if not n.startswith("_")}
+    assert {"run", "load_model", "reserve_kv", "hold", "peak"} <= wanted
+    for cls in (gpu_check.TorchCuda, gpu_check.CpuStandIn):
+        for name in wanted:
+            ours, theirs = getattr(cls, name), getattr(gpu_check.Device, name)
+            assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), (cls, name)
