@@ -795,6 +795,7 @@ def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
                 summary = sampler.stop()
                 max_alloc, max_res = gpu.peak()
                 row.update(
+                    max_allocated_bytes=max_alloc, max_reserved_bytes=max_res,
                     allocated_rise_bytes=max_alloc - alloc0, reserved_rise_bytes=max_res - res0,
                     nvml_rise_bytes=max(summary.peak_bytes[0], nvml_after) - nvml0, nvml_steady_bytes=nvml0,
                     nvml_samples=summary.samples,
