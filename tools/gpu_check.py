@@ -1252,7 +1252,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         real = f.get("real_oom") or {}
         const = sim.get("constants") or {}
         sim_oom = sim.get("oom") or {}
+        idle = f.get("idle_wait") or {}
         lines += ["## 3. The OOM path", "", "| figure | measured | simulator |", "| --- | --- | --- |",
+                  f"| GPU idle before the baseline | {idle.get('idle', '—')}, "
+                  f"{_mib(idle.get('used_bytes'))} used | — |",
                   f"| threshold tripped (at {trip.get('threshold_fraction', '—')} of total) | "
                   f"{trip.get('tripped', '—')}, used {_gib(trip.get('used_at_trip_bytes'))} | — |",
                   f"| child's allocation → threshold callback | {_ms(trip.get('allocation_to_detection_ms'))} | — |",
@@ -1279,10 +1282,13 @@ def _wall_markdown(step: dict[str, Any], sim: dict[str, Any], fits: dict[str, An
     steady = f.get("steady") or {}
     model = f.get("model") or {}
     plan = sim.get("startup") or {}
-    lines = ["## 2. The memory wall", "", f"Versions: {f.get('versions', '—')}.",
+    idle = f.get("idle_wait") or {}
+    lines = ["## 2. The memory wall", "", f"Versions: {f.get('versions', '—')}. GPU idle before the baseline: "
+             f"{idle.get('idle', '—')} (waited {idle.get('seconds', 0):.1f} s, "
+             f"{_mib(idle.get('used_bytes'))} used).", "",
              f"Model: {model.get('preset', '—')} shape, {model.get('layers', '—')} layers, random bf16 weights "
              f"(built in {model.get('build_s', 0):.1f} s); prompts of {model.get('prompts', '—')} tokens, all arriving "
-             "at once, prefilled in chunks of at most the budget per engine step.",
+             "at once, prefilled in chunks of at most the budget per engine step.", "",
              "flash and math against float64 attention, worst relative error: "
              f"{f.get('attention_rel_error_flash_math_vs_fp64', '—')}",
              "", "| startup figure | measured | simulator |", "| --- | --- | --- |",
