@@ -36,12 +36,12 @@ class VllmKnowledge:
     def unknown(self, names: object) -> list[str]:
         return [n for n in names if n not in self.flags]  # type: ignore[attr-defined]
 
-    def scheduler_defaults(self, platform: Platform) -> tuple[int, int]:
-        return scheduler_defaults(platform)
+    def scheduler_defaults(self, platform: Platform, world_size: int = 1) -> tuple[int, int]:
+        return scheduler_defaults(platform, world_size)
 
-    def default_flags(self, platform: Platform) -> dict[str, FlagValue]:
+    def default_flags(self, platform: Platform, world_size: int = 1) -> dict[str, FlagValue]:
         """`vllm serve`'s values for the flags the tuner searches, on this platform."""
-        budget, seqs = scheduler_defaults(platform)
+        budget, seqs = scheduler_defaults(platform, world_size)
         return {"max-num-batched-tokens": budget, "max-num-seqs": seqs,
                 "gpu-memory-utilization": d.GPU_MEMORY_UTILIZATION, "cpu-offload-gb": d.CPU_OFFLOAD_GB,
                 "enable-chunked-prefill": d.ENABLE_CHUNKED_PREFILL, "enable-prefix-caching": d.ENABLE_PREFIX_CACHING}
