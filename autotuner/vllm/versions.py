@@ -4,7 +4,7 @@ whose source we read (facts note: 0.32 and 0.33 share them)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotuner.scenario import FlagValue
@@ -33,8 +33,9 @@ class VllmKnowledge:
     def coerce_all(self, flags: Mapping[str, FlagValue], where: str) -> dict[str, FlagValue]:
         return {name: self.coerce(name, value, f"{where}.{name}") for name, value in flags.items()}
 
-    def unknown(self, names: object) -> list[str]:
-        return [n for n in names if n not in self.flags]  # type: ignore[attr-defined]
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        """The names not in this version's table (passed to the engine unchecked)."""
+        return [n for n in names if n not in self.flags]
 
     def scheduler_defaults(self, platform: Platform, world_size: int = 1) -> tuple[int, int]:
         return scheduler_defaults(platform, world_size)
