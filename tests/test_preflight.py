@@ -99,7 +99,7 @@ def test_measure_set_with_a_bad_type_or_a_broken_rule_is_bad_input(tmp_path: Pat
     assert not (tmp_path / "home" / "engines").exists() or not list((tmp_path / "home" / "engines").iterdir())
 
 
-def test_doctor_on_the_shipped_scenarios(tmp_path: Path) -> None:
+def test_doctor_on_the_shipped_scenarios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Relative storage paths are the working directory's: give the quickstart its output folder.
     (tmp_path / "out" / "quickstart").mkdir(parents=True)
     for name in ("quickstart.yaml",):
@@ -109,9 +109,16 @@ def test_doctor_on_the_shipped_scenarios(tmp_path: Path) -> None:
     done = cli("doctor", str(ROOT / "scenarios" / "long-prompt.yaml"), cwd=tmp_path,
                env={"COLUMNS": "200", "PATH": os.path.dirname(sys.executable)})
     assert done.returncode == 2, done.stdout
-    out = " ".join(done.stdout.split())
-    assert "engine.command: `vllm` is not found on PATH" in out.replace("│ ", "")
-    assert "GPUs" in out and "NVML" in out
+    assert "`vllm` is not found on PATH" in done.stdout and "GPUs" in done.stdout
+    # The same checks in-process, row by row.
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    report = run_checks(load_scenario(ROOT / "scenarios" / "long-prompt.yaml"), storage=None, log_dir=None)
+    checks = {c.name: c for c in report.checks}
+    assert checks["engine command"].status == "failed"
+    assert checks["engine command"].detail == "engine.command: `vllm` is not found on PATH"
+    assert "engine.command to its full path" in (checks["engine command"].fix or "")
+    assert checks["GPUs"].status == "failed" and "NVML" in checks["GPUs"].detail  # this machine has no GPU
+    assert "nvidia-smi" in (checks["GPUs"].fix or "")
 
 
 def test_doctor_on_the_simulator_scenarios_is_all_ok(tmp_path: Path) -> None:

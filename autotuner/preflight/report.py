@@ -17,6 +17,11 @@ class Check:
     detail: str
     fix: str | None = None
 
+    def message(self) -> str:
+        """The detail (it names the field or command) and the fix."""
+        end = "" if self.detail.endswith(".") else "."
+        return f"{self.detail}{end}" + (f" Fix: {self.fix}." if self.fix else "")
+
     def line(self) -> str:
         end = "" if self.detail.endswith(".") else "."
         fix = f" Fix: {self.fix}." if self.fix else ""
@@ -50,4 +55,4 @@ class PreflightError(UserInputError):
 
     def __init__(self, report: Report) -> None:
         self.report = report
-        super().__init__("\n".join(c.line() for c in report.failed))
+        super().__init__("\n".join(c.message() for c in report.failed))

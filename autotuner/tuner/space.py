@@ -157,6 +157,7 @@ class FlagRules:
         self.platform = platform_of(inventory)
         self.model = model_limits(scenario)
         self.env = {**os.environ, **scenario.engine.env}
+        self.world_size = scenario.tensor_parallel_size()
 
     def violation(self, flags: Mapping[str, FlagValue]) -> str | None:
         try:
@@ -168,7 +169,7 @@ class FlagRules:
     def defaults(self) -> dict[str, FlagValue]:
         """The baseline: vLLM's own values for the searched flags on this platform (a 24 GiB card's
         when the platform is unknown)."""
-        return self.vllm.default_flags(self.platform or Platform("unknown", 24.0))
+        return self.vllm.default_flags(self.platform or Platform("unknown", 24.0), self.world_size)
 
 
 def platform_of(inventory: Sequence[str]) -> Platform | None:

@@ -6,11 +6,10 @@ The one place for these facts: the tuner (search space, baseline, pre-launch che
 
 from autotuner.vllm.defaults import Platform, scheduler_defaults
 from autotuner.vllm.flags import FlagSpec, FlagTypeError, human_readable_int
-from autotuner.vllm.rules import BLOCK_SIZES, ModelLimits, ServeConfig, VllmRuleError, resolve
+from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
 from autotuner.vllm.versions import KNOWN, SIMULATED_VERSION, VllmKnowledge, is_known, knowledge_for, series_of
 
 __all__ = [
-    "BLOCK_SIZES",
     "KNOWN",
     "SIMULATED_VERSION",
     "FlagSpec",

@@ -25,14 +25,15 @@ class Platform:
         return self.name == "cpu"
 
 
-def scheduler_defaults(platform: Platform) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks when they are not given.
+def scheduler_defaults(platform: Platform, world_size: int = 1) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks when they are not given
+    (vllm/engine/arg_utils.py `get_batch_defaults`, API server usage context).
 
     GPUs by memory: ≥160 GiB → 16384 / 1024; ≥70 GiB except A100 → 8192 / 1024; else 2048 / 256.
-    The CPU backend: 2048 / 128 (arg_utils `_set_default_args`, API server usage context).
+    The CPU backend: 2048 / 128 per rank (world size = TP × PP).
     """
     if platform.is_cpu:
-        return 2048, 128
+        return 2048 * world_size, 128 * world_size
     if platform.memory_gib >= 160:
         return 16384, 1024
     if platform.memory_gib >= 70 and "A100" not in platform.name:

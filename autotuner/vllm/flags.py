@@ -36,9 +36,15 @@ def human_readable_int(value: str) -> int:
         if suffix in _DECIMAL:
             return int(float(number) * _DECIMAL[suffix])
         if "." in number:
-            raise ValueError(f"decimals are not allowed with binary suffixes: {value}")
+            raise ValueError(f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+                             f"{number}{suffix.lower()} instead?")
         return int(number) * _BINARY[suffix]
     return int(value)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """`max-model-len`'s parser: a human-readable int, or `auto`/-1 (-1: let vLLM pick)."""
+    return -1 if value.strip().lower() in ("auto", "-1") else human_readable_int(value)
 
 
 @dataclass(frozen=True)
@@ -48,13 +54,14 @@ class FlagSpec:
     help: str = ""
     choices: tuple[str, ...] | None = None
     human: bool = False  # int parsed by human_readable_int (`8k`, `4M`)
+    auto: bool = False  # also `auto` (or -1): vLLM picks the value
     modeled: bool = False  # the simulator's behaviour depends on it (else it accepts and ignores it)
 
     @property
     def parser(self) -> Callable[[str], object]:
         """The argparse `type` vLLM uses for this flag."""
         if self.kind == "int":
-            return human_readable_int if self.human else int
+            return human_readable_int_or_auto if self.auto else human_readable_int if self.human else int
         if self.kind == "float":
             return float
         return str
@@ -62,7 +69,8 @@ class FlagSpec:
     def allowed(self) -> str:
         if self.choices:
             return "one of " + ", ".join(self.choices)
-        return {"int": "an integer" + (" (e.g. 8192, 8k, 32K)" if self.human else ""), "float": "a number",
+        integer = "an integer" + (" (e.g. 8192, 8k, 32K)" if self.human else "") + (" or auto" if self.auto else "")
+        return {"int": integer, "float": "a number",
                 "bool": "true or false", "str": "a string", "list": "a list of values"}[self.kind]
 
     def coerce(self, value: object, where: str) -> FlagValue:
@@ -89,6 +97,8 @@ class FlagSpec:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ValueError
         if self.kind == "int":
+            if self.auto and str(value).strip().lower() in ("auto", "-1"):
+                return "auto"
             if isinstance(value, float):
                 if not value.is_integer():
                     raise ValueError
@@ -110,7 +120,7 @@ def _specs(*specs: FlagSpec) -> dict[str, FlagSpec]:
 FLAGS_0_32: Mapping[str, FlagSpec] = _specs(
     FlagSpec("max-num-batched-tokens", "int", "token budget per scheduler step", human=True, modeled=True),
     FlagSpec("max-num-seqs", "int", "requests running at once", modeled=True),
-    FlagSpec("max-model-len", "int", "context length", human=True, modeled=True),
+    FlagSpec("max-model-len", "int", "context length (auto: the model's)", human=True, modeled=True, auto=True),
     FlagSpec("gpu-memory-utilization", "float", "share of each GPU the engine may use", modeled=True),
     FlagSpec("cpu-offload-gb", "float", "GiB of weights per GPU kept in host RAM", modeled=True),
     FlagSpec("tensor-parallel-size", "int", "GPUs per model replica", modeled=True),
@@ -118,8 +128,10 @@ FLAGS_0_32: Mapping[str, FlagSpec] = _specs(
     FlagSpec("enable-prefix-caching", "bool", "reuse KV blocks of shared prefixes", modeled=True),
     FlagSpec("block-size", "int", "tokens per KV block", modeled=True),
     FlagSpec("enforce-eager", "bool", "no CUDA graphs", modeled=True),
-    FlagSpec("kv-cache-dtype", "str", "KV cache element type", modeled=True,
-             choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    FlagSpec("kv-cache-dtype", "str", "KV cache element type", modeled=True, choices=(
+        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+        "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")),
     FlagSpec("dtype", "str", "weights and activations type",
              choices=("auto", "half", "float16", "bfloat16", "float", "float32")),
     FlagSpec("seed", "int"),

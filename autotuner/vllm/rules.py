@@ -16,7 +16,6 @@ from autotuner.scenario import FlagValue
 from autotuner.vllm import defaults as d
 from autotuner.vllm.defaults import Platform, scheduler_defaults
 
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 LONG_MAX_MODEL_LEN_VAR = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 ErrorKind = Literal["field", "value", "plain"]
@@ -84,8 +83,11 @@ def _field(config_class: str, field_name: str, text: str, error_type: str, value
 
 
 def _int(flags: Mapping[str, FlagValue], name: str) -> int | None:
+    """An integer flag; None when unset or `auto` (-1): vLLM's own value then."""
     value = flags.get(name)
-    return None if value is None or isinstance(value, list) else int(value)
+    if value is None or isinstance(value, list) or value == "auto":
+        return None
+    return None if int(value) == -1 and name == "max-model-len" else int(value)
 
 
 def _float(flags: Mapping[str, FlagValue], name: str, default: float) -> float:
@@ -123,13 +125,12 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
                      util)
     offload = _float(flags, "cpu-offload-gb", d.CPU_OFFLOAD_GB)
     if offload < 0:
-        raise _field("CacheConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
+        raise _field("UVAOffloadConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
                      "greater_than_equal", offload)
     block_size = _int(flags, "block-size")
     block_size = d.BLOCK_SIZE if block_size is None else block_size
-    if block_size not in BLOCK_SIZES:
-        raise _field("CacheConfig", "block_size", "Input should be 1, 8, 16, 32, 64 or 128", "literal_error",
-                     block_size)
+    if block_size < 1:  # 0.32: any positive size (older releases allowed only 1, 8, 16, 32, 64, 128)
+        raise _field("CacheConfig", "block_size", "Input should be greater than 0", "greater_than", block_size)
 
     max_model_len = _int(flags, "max-model-len")
     derived = model.derived_max_model_len if model is not None else None
@@ -151,11 +152,17 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
         raise _field("ModelConfig", "max_model_len", "Input should be greater than 0", "greater_than", max_model_len)
 
     chunked = _bool(flags, "enable-chunked-prefill", d.ENABLE_CHUNKED_PREFILL)
-    default_tokens, default_seqs = scheduler_defaults(platform) if platform is not None else (None, None)
+    world_size = tp * (_int(flags, "pipeline-parallel-size") or 1)
+    default_tokens, default_seqs = scheduler_defaults(platform, world_size) if platform is not None \
+        else (None, None)
+    given_seqs = _int(flags, "max-num-seqs")
     budget = _int(flags, "max-num-batched-tokens")
     if budget is None and default_tokens is not None:
         budget = default_tokens if chunked or max_model_len is None else max(max_model_len, default_tokens)
-    seqs = _int(flags, "max-num-seqs")
+        seqs_first = given_seqs if given_seqs is not None else default_seqs
+        if max_model_len is not None and seqs_first is not None:
+            budget = min(seqs_first * max_model_len, budget)  # a default never exceeds what seqs × len need
+    seqs = given_seqs
     if seqs is None and default_seqs is not None and budget is not None:
         seqs = min(default_seqs, budget)
     for name, value in (("max_num_batched_tokens", budget), ("max_num_seqs", seqs)):

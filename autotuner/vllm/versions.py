@@ -4,7 +4,7 @@ whose source we read (facts note: 0.32 and 0.33 share them)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotuner.scenario import FlagValue
@@ -33,15 +33,16 @@ class VllmKnowledge:
     def coerce_all(self, flags: Mapping[str, FlagValue], where: str) -> dict[str, FlagValue]:
         return {name: self.coerce(name, value, f"{where}.{name}") for name, value in flags.items()}
 
-    def unknown(self, names: object) -> list[str]:
-        return [n for n in names if n not in self.flags]  # type: ignore[attr-defined]
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        """The names not in this version's table (passed to the engine unchecked)."""
+        return [n for n in names if n not in self.flags]
 
-    def scheduler_defaults(self, platform: Platform) -> tuple[int, int]:
-        return scheduler_defaults(platform)
+    def scheduler_defaults(self, platform: Platform, world_size: int = 1) -> tuple[int, int]:
+        return scheduler_defaults(platform, world_size)
 
-    def default_flags(self, platform: Platform) -> dict[str, FlagValue]:
+    def default_flags(self, platform: Platform, world_size: int = 1) -> dict[str, FlagValue]:
         """`vllm serve`'s values for the flags the tuner searches, on this platform."""
-        budget, seqs = scheduler_defaults(platform)
+        budget, seqs = scheduler_defaults(platform, world_size)
         return {"max-num-batched-tokens": budget, "max-num-seqs": seqs,
                 "gpu-memory-utilization": d.GPU_MEMORY_UTILIZATION, "cpu-offload-gb": d.CPU_OFFLOAD_GB,
                 "enable-chunked-prefill": d.ENABLE_CHUNKED_PREFILL, "enable-prefix-caching": d.ENABLE_PREFIX_CACHING}

@@ -61,7 +61,7 @@ def test_unparsable_value_exits_2() -> None:
         (["--gpu-memory-utilization", "0"], "Input should be greater than 0"),
         (["-tp", "3"], "must be divisible by tensor parallel size (3)"),
         (["-tp", "4", "--sim-gpus", "2"], "World size (4) is larger than the number of available GPUs (2)"),
-        (["--block-size", "24"], "Input should be 1, 8, 16, 32, 64 or 128"),
+        (["--block-size", "0"], "Input should be greater than 0"),  # 0.32 takes any positive size
     ],
 )
 def test_invalid_values_exit_1_with_vllm_messages(argv: list[str], text: str) -> None:

@@ -93,6 +93,15 @@ def test_a_valid_candidate_on_a_large_gpu_is_not_rejected() -> None:
     assert tuner_rules("rtx-3090", "llama-3-8b", 1).violation({"max-num-seqs": 4096}) is not None
 
 
+def test_cpu_defaults_scale_with_the_world_size() -> None:
+    """vllm/engine/arg_utils.py get_batch_defaults: the CPU backend's 2048 / 128 are per rank."""
+    cpu = Platform("cpu", 0.0)
+    assert knowledge_for("0.32.0").scheduler_defaults(cpu) == (2048, 128)
+    assert knowledge_for("0.32.0").scheduler_defaults(cpu, world_size=4) == (8192, 512)
+    assert knowledge_for("0.32.0").violation({"max-num-seqs": 4096, "tensor-parallel-size": 2}, cpu) is None
+    assert knowledge_for("0.32.0").violation({"max-num-seqs": 4097, "tensor-parallel-size": 2}, cpu) is not None
+
+
 def test_platform_from_the_study_inventory() -> None:
     assert platform_of(["NVIDIA H100 80GB HBM3 (79.65 GiB)"] * 2) == Platform("NVIDIA H100 80GB HBM3", 79.65, 2)
     assert platform_of(["engine process tree RSS (62.00 GiB)", "host RAM used (62.00 GiB)"]).is_cpu
@@ -114,7 +123,7 @@ def test_set_values_are_typed_before_any_launch() -> None:
         parse_set(["max-num-batched-tokens=abc"])
     with pytest.raises(FlagTypeError, match="expected true or false"):
         parse_set(["enable-chunked-prefill=maybe"])
-    with pytest.raises(FlagTypeError, match="one of auto, fp8"):
+    with pytest.raises(FlagTypeError, match="one of auto, float16, bfloat16, fp8"):
         parse_set(["kv-cache-dtype=int3"])
     with pytest.raises(UserInputError, match="set by the tuner"):
         parse_set(["port=1234"])
@@ -123,6 +132,9 @@ def test_set_values_are_typed_before_any_launch() -> None:
 def test_the_simulator_parses_flags_with_the_same_types() -> None:
     ns = parse_args(["llama-2-7b", "--max-model-len", "2K", "--no-enforce-eager"])
     assert ns.max_model_len == 2048 and ns.enforce_eager is False
+    auto = build_config(parse_args(["llama-2-7b", "--max-model-len", "auto"]), ENV)
+    assert auto.max_model_len == 4096  # the model's own
+    assert parse_set(["max-model-len=auto"]) == {"max-model-len": "auto"}
     with pytest.raises(VllmArgError) as err:
         parse_args(["llama-2-7b", "--max-num-batched-tokens", "abc"])
     assert err.value.exit_code == 2
