@@ -30,6 +30,7 @@ def test_vllm_worker_sigkilled_mid_workload_is_a_crash(vllm_cpu, tmp_path: Path,
     data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())
     data["engine"]["env"].update({"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
                                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    data["engine"]["startup_timeout_s"] = 600  # a loaded 2-core machine starts vLLM slowly
     data["workload"]["requests"].update(count=16, output_tokens=256)
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(data))
