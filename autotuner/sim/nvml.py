@@ -193,6 +193,15 @@ def _gpu(handle: SimDeviceHandle) -> tuple[GpuHost, SimGpu]:
     return session.host, handle.gpu
 
 
+def _live(handle: SimDeviceHandle) -> tuple[GpuHost, SimGpu]:
+    """Like `_gpu`, for queries of the device's state: an injected fault (gpu_state) fails them."""
+    host, gpu = _gpu(handle)
+    fault = host.nvml_fault(gpu.index)
+    if fault is not None:
+        raise NVMLError(fault)
+    return host, gpu
+
+
 def nvmlInit() -> None:
     """Bind to the simulated GPUs named by ``$AUTOTUNER_SIM_STATE_DIR`` now (refcounted, like pynvml)."""
     global _session
@@ -254,7 +263,7 @@ def nvmlDeviceGetUUID(handle: SimDeviceHandle) -> str:
 
 
 def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None) -> c_nvmlMemory_t:
-    host, gpu = _gpu(handle)
+    host, gpu = _live(handle)
     total = gpu.memory_total_bytes
     # A real GPU cannot report more used than it has: clamp, so used + free == total always.
     used = min(host.used_bytes(gpu.index), total)
@@ -262,7 +271,7 @@ def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None)
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:
-    host, gpu = _gpu(handle)
+    host, gpu = _live(handle)
     return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index) if h.listed]
 
 

@@ -188,3 +188,23 @@ def test_two_tuners_with_different_databases_never_share_the_gpus(home: Path, tm
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
     assert gpus_released(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"]))
+
+
+def test_gpu_lost_mid_trial_in_the_simulated_driver_is_monitor_failed(home: Path, tmp_path: Path,
+                                                                      sim_state: Path) -> None:
+    from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
+
+    sc = load_scenario(scenario(tmp_path, workload__requests__count=32, engine__sim__speedup=5))
+
+    def on_phase(phase: str) -> None:
+        if phase == "replay":
+            inject_nvml_fault(sim_state, 15, gpu=5)  # NVML_ERROR_GPU_IS_LOST on one of the eight
+
+    try:
+        result = asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", on_phase=on_phase))
+    finally:
+        clear_nvml_fault(sim_state)
+    assert result.outcome == "monitor-failed" and result.infrastructure
+    assert "GPU is lost" in (result.reason or "")
+    assert gpus_released(sim_state)
+    assert asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs")).outcome == "ok"
