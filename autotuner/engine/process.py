@@ -113,7 +113,7 @@ class EngineProcess:
 
     def record_members(self) -> None:
         """Put the engine's current processes on record, so a later run can stop exactly those."""
-        if self._proc is not None:
+        if self._proc is not None and not self.stopping:  # once stopping, its entry is on its way out
             self.registry.record_members(self._proc.pid, self.processes())
 
     @property

@@ -58,6 +58,8 @@ RELEASE_DELAY_S = 0.5
 HEARTBEAT_S = 0.1
 
 INVENTORY_FILE = "inventory.json"
+# A fault the simulated driver reports while this file exists: {"error": NVML error code, "gpu": index|null}.
+NVML_FAULT_FILE = "nvml-fault.json"
 HOLDERS_DIR = "holders"
 _LOCK_FILE = ".lock"
 _TMP_PREFIX = ".tmp-"
@@ -168,6 +170,17 @@ def write_holder(state_dir: Path, *, gpu: int, pid: int, create_time: float, nby
     return path
 
 
+def inject_nvml_fault(state_dir: Path, error: int, gpu: int | None = None) -> None:
+    """From now on, NVML memory and process queries (on `gpu`, or on every GPU) fail with `error`
+    (an NVML error code: 15 GPU lost, 999 unknown), in every process watching this box."""
+    write_json_atomic(Path(state_dir) / NVML_FAULT_FILE, {"error": int(error), "gpu": gpu})
+
+
+def clear_nvml_fault(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (Path(state_dir) / NVML_FAULT_FILE).unlink()
+
+
 class GpuHost:
     """Reads (and sets up) the simulated GPUs in one state directory."""
 
@@ -211,6 +224,15 @@ class GpuHost:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def nvml_fault(self, index: int) -> int | None:
+        """The NVML error code a query on GPU `index` fails with now, if a fault is injected."""
+        try:
+            raw = json.loads((self.state_dir / NVML_FAULT_FILE).read_bytes())
+        except (FileNotFoundError, ValueError):
+            return None
+        gpu = raw.get("gpu")
+        return int(raw["error"]) if gpu is None or int(gpu) == index else None
 
     # ---- memory
 

@@ -37,7 +37,6 @@ NVML_ERROR_UNKNOWN = 999
 # What the real driver reports for gpuInstanceId/computeInstanceId outside MIG mode.
 NVML_VALUE_NOT_AVAILABLE_UINT = 0xFFFFFFFF
 DRIVER_VERSION = "550.00-sim"
-FAULT_FILE = "nvml-error"
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -191,18 +190,16 @@ def _gpu(handle: SimDeviceHandle) -> tuple[GpuHost, SimGpu]:
     session = _current()
     if not isinstance(handle, SimDeviceHandle):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    _injected_fault(session.host)
     return session.host, handle.gpu
 
 
-def _injected_fault(host: GpuHost) -> None:
-    """A driver fault on cue, for fault-injection tests: while ``<state dir>/nvml-error`` exists, every
-    device query fails with the NVML error code it holds (15: GPU is lost, 999: Unknown Error)."""
-    try:
-        text = (host.state_dir / FAULT_FILE).read_text().strip()
-    except FileNotFoundError:
-        return
-    raise NVMLError(int(text) if text.isdigit() else NVML_ERROR_UNKNOWN)
+def _live(handle: SimDeviceHandle) -> tuple[GpuHost, SimGpu]:
+    """Like `_gpu`, for queries of the device's state: an injected fault (gpu_state) fails them."""
+    host, gpu = _gpu(handle)
+    fault = host.nvml_fault(gpu.index)
+    if fault is not None:
+        raise NVMLError(fault)
+    return host, gpu
 
 
 def nvmlInit() -> None:
@@ -266,7 +263,7 @@ def nvmlDeviceGetUUID(handle: SimDeviceHandle) -> str:
 
 
 def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None) -> c_nvmlMemory_t:
-    host, gpu = _gpu(handle)
+    host, gpu = _live(handle)
     total = gpu.memory_total_bytes
     # A real GPU cannot report more used than it has: clamp, so used + free == total always.
     used = min(host.used_bytes(gpu.index), total)
@@ -274,7 +271,7 @@ def nvmlDeviceGetMemoryInfo(handle: SimDeviceHandle, version: int | None = None)
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: SimDeviceHandle) -> list[c_nvmlProcessInfo_t]:
-    host, gpu = _gpu(handle)
+    host, gpu = _live(handle)
     return [c_nvmlProcessInfo_t(pid=h.pid, usedGpuMemory=h.bytes) for h in host.holders(gpu.index) if h.listed]
 
 

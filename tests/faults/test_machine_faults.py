@@ -17,7 +17,7 @@ import pytest
 
 from autotuner.engine.registry import EngineRegistry
 from autotuner.scenario import FlagValue, load_scenario
-from autotuner.sim.nvml import FAULT_FILE
+from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
 from autotuner.store.db import Store
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import Tuner
@@ -65,15 +65,17 @@ def _assert_rerun(runner: RecordingRunner, store: Store, tuner: Tuner, home: Pat
 @pytest.mark.parametrize(("code", "said"), [(15, "GPU is lost"), (999, "Unknown Error")])
 def test_nvml_error_mid_trial_is_a_machine_fault_and_the_trial_is_rerun(
         home: Path, tmp_path: Path, sim_state: Path, code: int, said: str) -> None:
-    fault = sim_state / FAULT_FILE
     seen: list[str] = []
+    injected: list[int] = []
 
     def on_phase(phase: str) -> None:
         seen.append(phase)
         if phase == "replay" and seen.count("replay") == 1:
-            fault.write_text(str(code))  # the driver starts failing under the first attempt
-        elif phase == "stopping" and fault.exists():
-            fault.unlink()  # and recovers before the retry
+            inject_nvml_fault(sim_state, code)  # the driver starts failing under the first attempt
+            injected.append(code)
+        elif phase == "stopping" and injected:
+            clear_nvml_fault(sim_state)  # and recovers before the retry
+            injected.clear()
 
     runner, store, tuner = _tune_once(tmp_path, on_phase)
     first = runner.attempts[0]

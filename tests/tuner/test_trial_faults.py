@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from autotuner.engine.gpu_locks import GpuLocks
@@ -67,6 +68,18 @@ def gpus_released(state: Path, timeout: float = 15.0) -> bool:
 
 
 
+def sim_processes(state: Path) -> list[int]:
+    """Simulated engines and workers of this test's box (they inherit its state directory)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get("AUTOTUNER_SIM_STATE_DIR") == str(state):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def lock_is_free(sc_path: Path) -> bool:
     with monitor_for(load_scenario(sc_path)) as monitor:
         locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()])
@@ -85,7 +98,8 @@ def test_first_sample_failing_stops_the_engine_and_is_monitor_failed(home: Path,
     assert result.outcome == "monitor-failed" and result.infrastructure
     assert not result.feasible and result.metrics == {}
     assert "GPU is lost" in (result.reason or "")
-    assert gpus_released(sim_state), "the engine kept its GPU memory"
+    assert sim_processes(sim_state) == [], "the engine outlived the failed sampler"
+    assert gpus_released(sim_state)
     assert EngineRegistry().entries() == []
     assert lock_is_free(path)
 
@@ -113,7 +127,8 @@ def test_registry_write_failing_after_popen_stops_the_engine(home: Path, tmp_pat
     (broken / "engines").write_text("a file where the registry's directory should be")
     with pytest.raises(OSError):
         asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", registry=EngineRegistry(broken)))
-    assert gpus_released(sim_state), "the engine outlived the failed registry write"
+    assert sim_processes(sim_state) == [], "the engine outlived the failed registry write"
+    assert gpus_released(sim_state)
     assert lock_is_free(path)
     # The next trial is not refused because of our own leftover engine.
     assert asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs")).outcome == "ok"
@@ -188,3 +203,23 @@ def test_two_tuners_with_different_databases_never_share_the_gpus(home: Path, tm
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
     assert gpus_released(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"]))
+
+
+def test_gpu_lost_mid_trial_in_the_simulated_driver_is_monitor_failed(home: Path, tmp_path: Path,
+                                                                      sim_state: Path) -> None:
+    from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
+
+    sc = load_scenario(scenario(tmp_path, workload__requests__count=32, engine__sim__speedup=5))
+
+    def on_phase(phase: str) -> None:
+        if phase == "replay":
+            inject_nvml_fault(sim_state, 15, gpu=5)  # NVML_ERROR_GPU_IS_LOST on one of the eight
+
+    try:
+        result = asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", on_phase=on_phase))
+    finally:
+        clear_nvml_fault(sim_state)
+    assert result.outcome == "monitor-failed" and result.infrastructure
+    assert "GPU is lost" in (result.reason or "")
+    assert gpus_released(sim_state)
+    assert asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs")).outcome == "ok"
