@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
+from autotuner.secrets import is_secret_name
 
 API_KEY_VAR = "VLLM_API_KEY"
 REDACTED = "***"
@@ -87,8 +88,7 @@ class LaunchPlan:
 
 
 def _secret(name: str) -> bool:
-    upper = name.upper()
-    return any(word in upper for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
+    return is_secret_name(name)
 
 
 def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: int | None = None,
