@@ -27,7 +27,7 @@ class _Stderr:
 def redact_secrets(_logger: object, _method: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
     """The safety net under every log line: known secret values and URL passwords become ***, in
     every value, however deeply nested."""
-    return {key: _redacted(value) for key, value in event.items()}
+    return {key: value if key == "exc_info" else _redacted(value) for key, value in event.items()}
 
 
 def _redacted(value: Any) -> Any:
@@ -54,7 +54,9 @@ def configure(verbose: bool = False, json_lines: bool | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
+            # Tracebacks as text before the mask, so that a secret inside an exception is masked too
+            # (the console renderer formats its own, from the exception object).
+            *([structlog.processors.format_exc_info] if json_lines else []),
             redact_secrets,
             renderer,
         ],

@@ -9,7 +9,9 @@
    spike is caught when at least one sample sees it (counted as runs of high samples in the
    full-resolution timeline), at 100 Hz and 200 Hz.
 3. Threshold latency: from the moment a crossing is visible to the callback, at 100 Hz.
-4. HostMonitor: the cost of one sample of a small process tree, with and without a tree walk.
+4. Grid: with reads that cost 2 ms, how far each read lands from its 10 ms grid point (a loop that
+   sleeps a period after each read would drift 2 ms a sample: median ~2.5 ms).
+5. HostMonitor: the cost of one sample of a small process tree, with and without a tree walk.
 """
 
 from __future__ import annotations
@@ -137,6 +139,39 @@ def measure_host_monitor() -> None:
             child.wait()
 
 
+class _CostlyReads(MemoryMonitor):
+    """Another monitor whose every read costs `cost_s` more; records when each read started."""
+
+    def __init__(self, inner: MemoryMonitor, cost_s: float) -> None:
+        self.inner, self.cost_s, self.calls = inner, cost_s, []  # type: ignore[var-annotated]
+
+    def devices(self):  # type: ignore[no-untyped-def]
+        return self.inner.devices()
+
+    def sample(self) -> list[int]:
+        self.calls.append(time.perf_counter())
+        time.sleep(self.cost_s)
+        return self.inner.sample()
+
+    def processes(self, position: int) -> list[tuple[int, int]]:
+        return self.inner.processes(position)
+
+    def close(self) -> None:
+        pass
+
+
+def measure_grid(monitor: MemoryMonitor, seconds: float) -> None:
+    costly = _CostlyReads(monitor, 0.002)
+    sampler = Sampler(costly, hz=100.0)
+    sampler.start()
+    time.sleep(seconds)
+    sampler.stop()
+    t0, period = costly.calls[0], 0.01
+    errors = sorted(abs((t - t0) - round((t - t0) / period) * period) * 1000 for t in costly.calls[1:])
+    print(f"grid at 100 Hz with 2 ms reads: {len(costly.calls) / seconds:.1f} reads/s, phase error median "
+          f"{statistics.median(errors):.2f} ms, p95 {errors[int(len(errors) * 0.95)]:.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -164,6 +199,7 @@ def main() -> None:
                 for hz in (100.0, 200.0):
                     measure_spikes(monitor, spiker, hz, spike_s, spikes=args.spikes, rng=rng)
             measure_threshold_latency(monitor, spiker, 30, rng)
+            measure_grid(monitor, min(args.seconds, 5.0))
     measure_host_monitor()
 
 

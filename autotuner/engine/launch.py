@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from autotuner.errors import UserInputError
 from autotuner.scenario import RESERVED_FLAGS, FlagValue, Scenario
+from autotuner.secrets import is_secret_name
 from autotuner.vllm import VllmKnowledge, knowledge_for
 
 API_KEY_VAR = "VLLM_API_KEY"
@@ -94,8 +95,7 @@ class LaunchPlan:
 
 
 def _secret(name: str) -> bool:
-    upper = name.upper()
-    return any(word in upper for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
+    return is_secret_name(name)
 
 
 def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: int | None = None,

@@ -79,8 +79,9 @@ async def test_chat_ttft_waits_for_content_not_the_role_chunk() -> None:
     ]
     res, _ = await send(steps, req=CHAT)
     assert res.ok and res.output_tokens == 2 and res.finish_reason == "stop"
-    assert res.ttft_s is not None and 0.12 <= res.ttft_s < 0.16
-    assert len(res.itl_s) == 1 and 0.038 <= res.itl_s[0] < 0.3  # loose above: a loaded box is slow
+    # At the first content (not the role chunk, not the end); upper bounds loose: a loaded box is slow.
+    assert res.ttft_s is not None and res.e2e_s is not None and 0.12 <= res.ttft_s < min(1.0, res.e2e_s)
+    assert len(res.itl_s) == 1 and 0.038 <= res.itl_s[0] < 1.0
 
 
 async def test_without_usage_tokens_are_counted_from_chunks_and_marked_estimated() -> None:
@@ -95,7 +96,7 @@ async def test_queue_time_is_scheduled_to_sent() -> None:
     async with rec.client() as http:
         client = StreamingClient(http, "http://e", "m")
         res = await client.send(PROMPT, scheduled_at=time.perf_counter() - 0.25)
-    assert res.ok and res.queue_s is not None and 0.25 <= res.queue_s < 0.3
+    assert res.ok and res.queue_s is not None and 0.25 <= res.queue_s < 1.0
 
 
 VLLM_404 = {"error": {"message": "The model `x` does not exist. Valid aliases: m.", "type": "NotFoundError",
@@ -154,7 +155,7 @@ async def test_timeout_covers_the_whole_stream() -> None:
     res, _ = await send(steps, timeout_s=0.3)
     took = time.perf_counter() - t0
     assert not res.ok and res.error == "timed out after 0.3s"
-    assert 0.3 <= took < 0.5
+    assert 0.3 <= took < 1.5  # the whole stream would take 2 s
     assert res.ttft_s is not None  # what was measured before the deadline is kept
 
 

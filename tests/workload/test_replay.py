@@ -78,51 +78,55 @@ async def test_closed_loop_never_exceeds_the_concurrency_and_uses_all_of_it() ->
         result = await replay(spec(Arrivals("concurrency", concurrency=5)), reqs(40), client)
     assert rec.max_in_flight == 5
     assert len(result.results) == 40 and all(r.ok for r in result.results)
-    # 40 requests of ~25 ms, 5 at a time: about 8 rounds, far from 40 sequential ones.
-    assert 0.15 < result.duration_s < 0.6
+    # 40 requests of ≥ 25 ms, 5 at a time: at least 8 rounds (how fast is for benchmarks; that they ran
+    # 5 at a time is max_in_flight above).
+    assert result.duration_s > 0.15
     assert [r.target_prompt_tokens for r in result.results] == [None] * 40
 
 
 async def test_poisson_replay_sends_at_the_scheduled_rate() -> None:
     rec = paced(tokens=2, gap_s=0.001, first_s=0.002)
     async with rec.client() as http:
-        result = await replay(spec(Arrivals("poisson", rate=20.0, time_scale=10), seed=3), reqs(300),
+        result = await replay(spec(Arrivals("poisson", rate=20.0, time_scale=2), seed=3), reqs(60),
                               StreamingClient(http, "http://e", "m"))
-    span = rec.arrivals[-1] - rec.arrivals[0]
-    rate = (len(rec.arrivals) - 1) / span
-    # 20/s engine time at time_scale 10 → 200/s wall; loose: a loaded 2-core box delays sends, it must
-    # never hurry them (speed belongs in benchmarks, not in tests).
-    assert 200 * 0.6 < rate < 200 * 1.15
-    offsets = send_offsets(Arrivals("poisson", rate=20.0, time_scale=10), reqs(300), seed=3)
+    offsets = send_offsets(Arrivals("poisson", rate=20.0, time_scale=2), reqs(60), seed=3)
     assert offsets is not None
-    # Each request left when it was due, give or take the event loop's tick.
+    # 20/s engine time at time_scale 2 → 40/s wall. A loaded 2-core box delays sends, it must never
+    # hurry them (speed belongs in benchmarks, not in tests).
+    assert 30 < (len(offsets) - 1) / offsets[-1] < 55  # the seeded schedule itself
+    sent = sorted(r.sent_at for r in result.results if r.sent_at is not None)
+    assert len(sent) == 60 and sent[-1] - sent[0] >= offsets[-1] - 0.002
+    # Each request left when it was due (never before), give or take a loaded event loop's delay.
     lag = [r.sent_at - (result.start + off) for r, off in zip(result.results, offsets, strict=True)]
-    assert min(lag) >= -0.001 and statistics.median(lag) < 0.05
-    assert result.time_scale == 10
+    assert min(lag) >= -0.001 and statistics.median(lag) < 0.25
+    assert result.time_scale == 2
 
 
 async def test_bursts_arrive_together_then_wait_for_the_interval() -> None:
     rec = paced(tokens=2, gap_s=0.001, first_s=0.002)
     async with rec.client() as http:
-        await replay(spec(Arrivals("burst", burst_size=4, burst_interval_s=0.15)), reqs(12),
+        await replay(spec(Arrivals("burst", burst_size=4, burst_interval_s=0.5)), reqs(12),
                      StreamingClient(http, "http://e", "m"))
     t = [a - rec.arrivals[0] for a in rec.arrivals]
     groups = [t[0:4], t[4:8], t[8:12]]
     for i, group in enumerate(groups):
-        assert max(group) - min(group) < 0.05  # a burst leaves together
-        assert min(group) >= 0.15 * i - 0.002  # and never before its time
+        # A burst leaves together: well within the interval even when a loaded box delays sends.
+        assert max(group) - min(group) < 0.3
+        assert min(group) >= 0.5 * i - 0.002  # and never before its time
     for earlier, later in itertools.pairwise(groups):
-        assert min(later) - min(earlier) >= 0.15 - 0.004
+        assert min(later) - min(earlier) >= 0.5 - 0.004
 
 
 async def test_trace_replay_follows_timestamps() -> None:
     rec = paced(tokens=2, gap_s=0.001, first_s=0.002)
     trace = reqs(4, [5.0, 5.2, 5.2, 5.8])
     async with rec.client() as http:
-        await replay(spec(Arrivals("trace", time_scale=2)), trace, StreamingClient(http, "http://e", "m"))
-    t = [a - rec.arrivals[0] for a in rec.arrivals]
+        result = await replay(spec(Arrivals("trace", time_scale=2)), trace, StreamingClient(http, "http://e", "m"))
+    # When each left, from the replay's start: never before its time, and (with margins a loaded box keeps)
+    # at the trace's gaps divided by the time scale, not at the trace's own seconds.
+    t = [r.sent_at - result.start for r in result.results if r.sent_at is not None]
     for got, want in zip(t, [0.0, 0.1, 0.1, 0.4], strict=True):
-        assert want - 0.002 <= got < want + 0.02
+        assert want - 0.002 <= got < want + 0.25
 
 
 async def test_warmup_runs_first_and_is_kept_apart() -> None:
@@ -169,7 +173,7 @@ async def test_cancelling_a_replay_records_in_flight_requests_as_cancelled(arriv
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert time.perf_counter() - t0 < 0.1
+        assert time.perf_counter() - t0 < 1.0  # not waiting for the streams (5 s between tokens)
     result = replayer.result()
     assert result.cancelled and len(result.results) == 3 and result.not_sent == 7
     assert all(not r.ok and r.error == "cancelled" for r in result.results)
