@@ -28,7 +28,7 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, fit_utilization_to_free, flag_violation
-from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom
+from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus
 from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
@@ -270,7 +270,8 @@ class Tuner:
     async def run(self) -> TuneSummary:
         self._lock()
         try:
-            return await self._run()
+            with hold_gpus(self.scenario):
+                return await self._run()
         finally:
             self._unlock()
 
