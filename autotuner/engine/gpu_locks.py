@@ -3,7 +3,9 @@ with `flock` from the check that the GPU is free until our engine on it has stop
 is back. Two tuners with different databases (or `measure` beside `tune`) never share a GPU.
 
 The kernel drops an `flock` when its holder dies, so a killed tuner never leaves a stale lock; the
-file keeps the holder's PID, for the message the next one prints.
+file keeps the holder's PID, for the message the next one prints. Within one process the locks are
+re-entrant (the study holds its GPUs for the whole run, each trial takes them again), since two
+`flock`s of one file from one process would block each other.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +25,9 @@ from autotuner.errors import InfrastructureError
 
 LOCKS_DIR = "locks"
 POLL_S = 0.1
+
+_held_lock = threading.Lock()
+_held: dict[Path, list[int]] = {}  # lock file -> [fd, holds] in this process
 
 
 class GpusBusyError(InfrastructureError):
@@ -50,7 +56,7 @@ class GpuLocks:
         # A fixed order (by UUID) so that two tuners wanting overlapping sets never deadlock.
         self.gpus = sorted(set(gpus), key=lambda g: g[1])
         self.home = home
-        self._fds: list[int] = []
+        self._paths: list[Path] = []
 
     def acquire(self, wait_s: float = 0.0) -> None:
         """Raise GpuLockedError naming the holder if a GPU stays locked for `wait_s` seconds."""
@@ -58,31 +64,33 @@ class GpuLocks:
         try:
             for index, uuid in self.gpus:
                 path = lock_path(uuid, self.home)
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() >= deadline:
-                            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                            os.close(fd)
-                            raise GpuLockedError(uuid, index, holder, path) from None
-                        time.sleep(POLL_S)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, str(os.getpid()).encode(), 0)
-                self._fds.append(fd)
+                with _held_lock:
+                    if path in _held:
+                        _held[path][1] += 1
+                        self._paths.append(path)
+                        continue
+                fd = _flock(path, index, uuid, deadline)
+                with _held_lock:
+                    _held[path] = [fd, 1]
+                self._paths.append(path)
         except BaseException:
             self.release()
             raise
 
     def release(self) -> None:
-        while self._fds:
-            fd = self._fds.pop()
+        while self._paths:
+            path = self._paths.pop()
+            with _held_lock:
+                entry = _held.get(path)
+                if entry is None:
+                    continue
+                entry[1] -= 1
+                if entry[1] > 0:
+                    continue
+                del _held[path]
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing drops the flock
+                os.ftruncate(entry[0], 0)
+            os.close(entry[0])  # closing drops the flock
 
     def __enter__(self) -> GpuLocks:
         self.acquire()
@@ -91,3 +99,21 @@ class GpuLocks:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def _flock(path: Path, index: int, uuid: str, deadline: float) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise GpuLockedError(uuid, index, holder, path) from None
+            time.sleep(POLL_S)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -30,7 +30,7 @@ from autotuner.tuner import memory_margin
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
-from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, threshold_of
+from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
 from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
@@ -264,7 +264,8 @@ class Tuner:
     async def run(self) -> TuneSummary:
         self._lock()
         try:
-            return await self._run()
+            with hold_gpus(self.scenario):
+                return await self._run()
         finally:
             self._unlock()
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -146,6 +146,19 @@ def gpu_headroom(scenario: Scenario, registry: EngineRegistry | None = None) -> 
             baseline = foreign_baseline(monitor, ours.__contains__)
         total = min(d.total_bytes for d in monitor.devices())
     return GpuHeadroom(total, max((f.bytes for f in baseline), default=0))
+
+
+@contextlib.contextmanager
+def hold_gpus(scenario: Scenario) -> Iterator[None]:
+    """Keep the scenario's GPUs locked against other autotuners for a whole study (between trials
+    too); each trial takes the same locks again (re-entrant in this process)."""
+    if scenario.engine.kind == "sim-virtual" or scenario.monitor.kind == "host":
+        yield
+        return
+    with monitor_for(scenario) as monitor:
+        devices = [] if isinstance(monitor, HostMonitor) else [(d.index, d.uuid) for d in monitor.devices()]
+    with GpuLocks(devices):
+        yield
 
 
 class _Engine:

@@ -58,3 +58,18 @@ def test_waiting_gets_the_lock_once_released(tmp_path: Path) -> None:
     finally:
         if waiter.poll() is None:
             waiter.kill()
+
+
+def test_locks_are_reentrant_within_a_process_and_exclusive_across(tmp_path: Path) -> None:
+    study = GpuLocks([(0, "GPU-aaaa")], tmp_path)
+    study.acquire()
+    trial = GpuLocks([(0, "GPU-aaaa")], tmp_path)
+    trial.acquire()  # the study holds it; its own trial takes it again without blocking
+    trial.release()
+    code = ("import sys; from pathlib import Path; from autotuner.engine.gpu_locks import GpuLocks\n"
+            "GpuLocks([(0, 'GPU-aaaa')], Path(sys.argv[1])).acquire()")
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and f"another autotuner (pid {os.getpid()}" in other.stderr
+    study.release()
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0, other.stderr
