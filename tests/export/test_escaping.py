@@ -115,6 +115,7 @@ def test_report_tables_keep_their_shape(make_study: MakeStudy, tmp_path: Path) -
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(900)  # vLLM's start alone takes minutes on a loaded 2-core machine
 def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     global FLAGS
     saved = FLAGS
@@ -133,7 +134,7 @@ def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, tmp_pat
                                  vllm_cpu.model, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 780
         models = None
         while time.monotonic() < deadline and proc.poll() is None:
             with contextlib.suppress(httpx.TransportError):
@@ -143,6 +144,8 @@ def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, tmp_pat
                     break
             time.sleep(1)
         log_text = (tmp_path / "vllm.log").read_text(errors="replace")
+        # vLLM read the file as the flags, and nothing from the comments.
+        assert "'served_model_name': ['tiny']" in log_text and "'max_num_batched_tokens': 512" in log_text
         assert models is not None, log_text[-4000:]
         assert [m["id"] for m in models] == ["tiny"] and models[0]["max_model_len"] == 512
         assert "max_num_batched_tokens=512" in log_text
