@@ -478,7 +478,7 @@ class Tuner:
 def _machine_fault(result: TrialResult) -> str | None:
     """The machine's fault in a failed engine start or run (see breaker.py), or None when the
     candidate may be to blame. Memory failures are always the candidate's."""
-    if result.outcome not in (oc.CRASH, oc.STARTUP_FAILED, oc.TIMEOUT):
+    if result.outcome not in (oc.CRASH, oc.STARTUP_FAILED):  # a slow start (timeout) is not a broken one
         return None
     if "memory" in (result.reason or "").lower():
         return None

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 
 def proxy_for(url: str) -> str | None:
     """The proxy an httpx client with `trust_env=True` uses for `url`, or None (direct)."""
     # httpx builds its mounts with these two helpers; use them rather than re-implementing NO_PROXY.
+    import httpx
     from httpx._utils import URLPattern, get_environment_proxies
 
     target = httpx.URL(url)

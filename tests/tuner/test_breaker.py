@@ -61,6 +61,7 @@ def result(outcome: str, reason: str | None, tail: list[str] | None = None) -> T
             []), False),
     (result(oc.CRASH, "engine exited with code 1 during startup", ["ValueError: something about the config"]),
      False),
+    (result(oc.TIMEOUT, "engine not ready within engine.startup_timeout_s", ["No such file or directory"]), False),
 ])
 def test_what_counts_as_the_machines_fault(trial: TrialResult, machine: bool) -> None:
     assert (_machine_fault(trial) is not None) == machine
