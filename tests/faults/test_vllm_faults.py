@@ -19,7 +19,7 @@ from autotuner.scenario import load_scenario
 from autotuner.tuner.trial import measure
 from tests.faults.conftest import ROOT, assert_engine_gone, registry_empty
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 
 def test_vllm_worker_sigkilled_mid_workload_is_a_crash(vllm_cpu, tmp_path: Path,
