@@ -183,9 +183,9 @@ class LiveView:
         now = self.clock()
         elapsed = now - self.started
         grid = Table.grid(padding=(0, 1))
-        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(style="bold", no_wrap=True, min_width=6)
         grid.add_column(width=30)
-        grid.add_column(no_wrap=True)
+        grid.add_column(no_wrap=True, overflow="ellipsis")
         median = f"median trial {clock_text(statistics.median(self.durations))}" if self.durations else "median -"
         grid.add_row("trials", ProgressBar(total=max(1, self.budget), completed=self.done, width=30),
                      f"{self.done}/{self.budget}  elapsed {clock_text(elapsed)}  ETA {clock_text(self._eta(now))}"
