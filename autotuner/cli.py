@@ -117,8 +117,11 @@ def measure(
         return await measure_trial(sc, overrides, log_dir=logs,
                                    on_phase=lambda p: typer.echo(f"[{p}]", err=True))
 
+    from autotuner.view.requests import request_bar
+
     try:
-        result = asyncio.run(main())
+        with request_bar():
+            result = asyncio.run(main())
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
     except FileNotFoundError as exc:  # the command vanished between the preflight and the launch
@@ -148,7 +151,10 @@ def verify(
     configure_logging()
     try:
         sc = load_scenario(scenario) if scenario is not None else None
-        verdict = run_verify(base_url, model, api_key_env, sc)
+        from autotuner.view.requests import request_bar
+
+        with request_bar():
+            verdict = run_verify(base_url, model, api_key_env, sc)
     except UserInputError as exc:
         raise _fail(exc) from None
     for note in verdict.notes:
@@ -430,6 +436,7 @@ def live_view(tuner: Any, log_format: str, quiet: bool) -> Any:
 
     from autotuner.monitor.sampler import memory_listener
     from autotuner.tuner.progress import LiveView
+    from autotuner.workload.replay import request_listener
 
     if quiet or log_format == "json" or not sys.stderr.isatty():
         return None
@@ -437,6 +444,7 @@ def live_view(tuner: Any, log_format: str, quiet: bool) -> Any:
     view = LiveView([o.metric for o in sc.objectives], [o.direction for o in sc.objectives], tuner.timeout_s)
     tuner.on_event = view
     memory_listener.set(view)  # asyncio.run copies this context into the study's tasks
+    request_listener.set(view)
     return view
 
 

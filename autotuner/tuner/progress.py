@@ -56,6 +56,7 @@ class Current:
     phase: str = "starting"
     started: float = 0.0
     memory: dict[str, Any] = field(default_factory=dict)
+    requests: dict[str, Any] = field(default_factory=dict)
 
 
 def clock_text(seconds: float | None) -> str:
@@ -116,7 +117,7 @@ class LiveView:
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         with self._lock:
             self._hear(kind, data)
-        if self.live is not None and kind != "memory":
+        if self.live is not None and kind not in ("memory", "request"):
             self.live.refresh()
 
     def _hear(self, kind: str, data: dict[str, Any]) -> None:
@@ -135,6 +136,8 @@ class LiveView:
             self.current.phase = data["phase"]
         elif kind == "memory" and self.current is not None:
             self.current.memory = data
+        elif kind == "request" and self.current is not None:
+            self.current.requests = data
         elif kind == "finished":
             self._finished(data, now)
         elif kind == "stopped":
@@ -204,8 +207,11 @@ class LiveView:
         if c is None:
             return Group(head, Text("trial  -", style="dim"))
         flags = " ".join(f"{k}={flag_value(v)}" for k, v in c.flags.items())
+        r = c.requests
+        served = "" if not r else f" {r['done']}/{r['total']} requests" + (
+            f" {r['output_tokens_per_s']:,.0f} tok/s" if r.get("output_tokens_per_s") else "")
         line = Text.assemble(("trial ", "bold"), f"#{c.number} ({c.kind})  ", ("phase ", "bold"),
-                             (c.phase, "cyan"), f"  {clock_text(self.clock() - c.started)}  ", flags)
+                             (c.phase + served, "cyan"), f"  {clock_text(self.clock() - c.started)}  ", flags)
         line.truncate(self.console.width, overflow="ellipsis")
         return Group(head, line, *self._gauges(c.memory))
 
