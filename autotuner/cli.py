@@ -72,12 +72,16 @@ def _preflight(sc: object, storage: str | None, log_dir: Path | None, overrides:
 
 @app.command(epilog="Exit status: 0 the outcome is ok; 1 any other outcome (OOM, startup failure, "
              "invalid flags, crash, timeout); 2 bad input or a failed preflight check (nothing launched); "
-             "130 interrupted.")
+             "130 interrupted.", context_settings={"allow_extra_args": True})
 def measure(
+    ctx: typer.Context,
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: a vLLM long option without dashes; "
                                    "true/false for booleans (repeatable)"),
-    json_out: Path | None = typer.Option(None, "--json", help="also write the result as one JSON object"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object on stdout (the "
+                                 "table goes to stderr)"),
+    json_out: Path | None = typer.Option(None, "-o", "--output", help="also write the result as one JSON "
+                                         "object to this file"),
     log_dir: Path | None = typer.Option(None, help="where engine logs go (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
     """Measure one configuration: start the engine, replay the workload, watch memory, stop, report.
@@ -93,14 +97,16 @@ def measure(
 
     configure_logging()
     try:
+        scenario, json_out, as_json = old_json_path(scenario, json_out, as_json, ctx.args)
         sc = load_scenario(scenario)
         overrides = parse_set(set_)
         if json_out is not None and not json_out.parent.is_dir():
-            raise UserInputError(f"--json {json_out}: directory {json_out.parent} does not exist")
+            raise UserInputError(f"--output {json_out}: directory {json_out.parent} does not exist")
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, None, logs, overrides)
     except UserInputError as exc:
         raise _fail(exc) from None
+    log_to_file(sc.name, False)
     from autotuner.trial_view import print_trial
     from autotuner.tuner.trial import GpusBusyError
     from autotuner.tuner.trial import measure as measure_trial
@@ -130,10 +136,33 @@ def measure(
     except asyncio.CancelledError:
         typer.echo("interrupted: the engine was stopped", err=True)
         raise typer.Exit(130) from None
-    print_trial(result)  # type: ignore[arg-type]
+    from rich.console import Console
+
+    print_trial(result, Console(stderr=as_json))  # type: ignore[arg-type]
     if json_out is not None:
         write_json_atomic(json_out, result.to_dict())  # type: ignore[attr-defined]
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(result.to_dict(), default=str))  # type: ignore[attr-defined]
     raise typer.Exit(0 if result.outcome == "ok" else 1)  # type: ignore[attr-defined]
+
+
+def old_json_path(scenario: Path, output: Path | None, as_json: bool, extra: list[str]) -> tuple[Path, Path | None,
+                                                                                             bool]:
+    """`measure SCENARIO --json PATH` (before 0.2) still writes PATH, with a note: `--json` now prints to
+    stdout and `-o/--output PATH` writes a file, as in `vllm bench serve` and `export`."""
+    from autotuner.errors import UserInputError
+
+    if not extra:
+        return scenario, output, as_json
+    if not as_json or len(extra) != 1 or output is not None:
+        raise UserInputError(f"unexpected argument(s) {' '.join(extra)}: measure takes one scenario file")
+    path = Path(extra[0])
+    if scenario.suffix == ".json" and path.suffix in (".yaml", ".yml"):  # `--json out.json scenario.yaml`
+        scenario, path = path, scenario
+    typer.echo(f"note: `--json {path}` is deprecated: use `-o {path}` (a file) or `--json` (stdout)", err=True)
+    return scenario, path, False
 
 
 @app.command()
