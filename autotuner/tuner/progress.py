@@ -203,6 +203,8 @@ class LiveView:
         head = Text.assemble(("study ", "bold"), self.study, f" ({self.sampler})" if self.sampler else "")
         if self.stopped:
             head.append(f"  stopped: {self.stopped}", style="bold red")
+        head.no_wrap = True
+        head.truncate(self.console.width, overflow="ellipsis")
         c = self.current
         if c is None:
             return Group(head, Text("trial  -", style="dim"))

@@ -138,3 +138,16 @@ def test_pareto_numbers_ignore_infeasible_trials() -> None:
 
     rows = [row(0, [10, 1.0], True), row(1, [20, 2.0], True), row(2, [5, 2.0], True), row(3, [99, 0.1], False)]
     assert pareto_numbers(rows, ["maximize", "minimize"]) == {0, 1}
+
+
+def test_the_best_feasible_row_is_highlighted() -> None:
+    console = Console(width=100, height=40, file=io.StringIO(), color_system="standard", force_terminal=True)
+    clock = Clock()
+    view = LiveView(["output_tokens_per_s", "ttft_p95_s"], ["maximize", "minimize"], None, console=console,
+                    clock=clock, live=False)
+    play(view, clock)
+    console.print(view.render())
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    best = next(line for line in lines if "2380" in line)
+    other = next(line for line in lines if "1902" in line)
+    assert "\x1b[1;32m" in best and "\x1b[1;32m" not in other
