@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -67,7 +68,8 @@ def console_line(event: structlog.typing.EventDict) -> str:
             continue
         parts.append(f"{key}={_first_line(value)}")
     line = " ".join(parts)
-    return line if len(line) <= _CONSOLE_WIDTH else line[: _CONSOLE_WIDTH - 1] + "…"
+    width = min(_CONSOLE_WIDTH, shutil.get_terminal_size((_CONSOLE_WIDTH, 24)).columns)  # one screen line
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _first_line(value: object) -> str:
