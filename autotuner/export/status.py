@@ -104,7 +104,7 @@ def watch_view(storage: str, name: str, console: Console) -> LiveView | None:
         now[0] = t.finished_at
         view("finished", {"number": t.trial_number, "outcome": t.outcome, "feasible": ok, "values": values,
                           "metrics": t.metrics, "peak_fraction": t.memory.get("peak_fraction"),
-                          "reason": t.reason, "kind": t.kind})
+                          "reason": t.reason or (None if ok else verdict(t, analysis)), "kind": t.kind})
     now[0] = time.time()
     return view
 

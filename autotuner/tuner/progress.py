@@ -29,6 +29,9 @@ OOM = ("oom-threshold", "oom-crash")
 SHORT_FLAG = {"max-num-batched-tokens": "batched tok", "gpu-memory-utilization": "gpu util",
               "cpu-offload-gb": "offload GB", "max-num-seqs": "max seqs", "kv-cache-dtype": "kv dtype",
               "swap-space": "swap GB", "block-size": "block"}
+# Why an "ok" trial is not feasible, from the Tuner's constraint names.
+MISSED = {"slo": "misses an SLO", "requests": "too many failed requests", "memory": "memory over the threshold",
+          "startup": "did not start"}
 # Lines above the trial table (bars, current trial, GPUs) and its own chrome; the rest is rows.
 _TABLE_CHROME = 5
 
@@ -76,6 +79,15 @@ def pareto_numbers(rows: Sequence[FinishedRow], directions: Sequence[str]) -> se
         return all(x >= y for x, y in zip(a, b, strict=False)) and any(x > y for x, y in zip(a, b, strict=False))
 
     return {n for n, p in points if not any(dominates(q, p) for m, q in points if m != n)}
+
+
+def _reason(data: dict[str, Any]) -> str:
+    """The first line of the trial's reason; for an "ok" trial that is not feasible, which limit it missed."""
+    reason = (str(data.get("reason") or "").strip().splitlines() or [""])[0]
+    if reason or data.get("feasible") or data.get("outcome") != "ok":
+        return reason
+    missed = [MISSED.get(k, k) for k, v in (data.get("constraints") or {}).items() if v > 0]
+    return "infeasible: " + ", ".join(missed) if missed else ""
 
 
 class LiveView:
@@ -160,7 +172,7 @@ class LiveView:
             flags=self._flags_of.get(number, {}), outcome=str(data.get("outcome")), feasible=bool(data.get("feasible")),
             values=data.get("values") if data.get("feasible") else None,
             output_tps=metrics.get("output_tokens_per_s"), ttft_p95_s=metrics.get("ttft_p95_s"),
-            peak_fraction=peak, reason=(str(data.get("reason") or "").strip().splitlines() or [""])[0]))
+            peak_fraction=peak, reason=_reason(data)))
         self.current = None
 
     # --- rendering -------------------------------------------------------------------------------------

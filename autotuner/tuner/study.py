@@ -439,7 +439,7 @@ class Tuner:
         self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "feasible": ok,
                                    "values": values, "state": "COMPLETE", "reason": result.reason,
                                    "flags": result.flags, "kind": kind, "metrics": result.metrics,
-                                   "peak_fraction": result.memory.get("peak_fraction")})
+                                   "peak_fraction": result.memory.get("peak_fraction"), "constraints": constraints})
 
     def _save(self, number: int, kind: str, result: TrialResult, state: str, started: float) -> None:
         data = result.to_dict()

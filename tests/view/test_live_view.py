@@ -62,7 +62,8 @@ def recorded(clock: Clock) -> list[tuple[float, str, dict[str, Any]]]:
         (0, "trial", trial(3, 4096, 0.92)),
         (60, "finished", finished(3, "ok", True, 1902.5, 0.62, 0.86)),
         (0, "trial", trial(4, 6144, 0.90)),
-        (62, "finished", finished(4, "ok", True, 1800.0, 0.95, 0.84)),
+        (62, "finished", {**finished(4, "ok", False, 1800.0, 12.5, 0.84),
+                          "constraints": {"memory": -0.1, "startup": -1.0, "requests": -1.0, "slo": 0.25}}),
         (0, "trial", trial(5, 12288, 0.95)),
         (3, "phase", {"phase": "warm-up"}),
         (10, "memory", memory([74.2, 73.9], [70.1, 70.0])),
@@ -116,6 +117,7 @@ def test_finished_rows_mark_the_front_and_cut_the_reason_to_one_line() -> None:
     assert "oom-threshold" in rows["1"] and "CUDA out of memory" in rows["1"] and "Traceback" not in text
     assert "2380" in rows["*2"] and "1.21 s" in rows["*2"] and "91%" in rows["*2"]
     assert "Pareto front" in text
+    assert "12.50 s" in rows["4"] and "infeasible: misses an SLO" in rows["4"]
 
 
 def test_the_table_scrolls_keeping_the_last_rows_that_fit() -> None:
