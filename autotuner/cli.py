@@ -22,6 +22,10 @@ sim_app = typer.Typer(
 )
 app.add_typer(sim_app, name="sim")
 
+LOG_FORMAT_HELP = ("auto: on a terminal a live view and warnings only, piped JSON lines; console; json "
+                   "(every event as JSON lines on stderr). The full log is always in $AUTOTUNER_HOME/logs/NAME.jsonl")
+
+
 # The simulator's commands take vLLM's own command line: argparse parses it, as vLLM does.
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
@@ -68,12 +72,16 @@ def _preflight(sc: object, storage: str | None, log_dir: Path | None, overrides:
 
 @app.command(epilog="Exit status: 0 the outcome is ok; 1 any other outcome (OOM, startup failure, "
              "invalid flags, crash, timeout); 2 bad input or a failed preflight check (nothing launched); "
-             "130 interrupted.")
+             "130 interrupted.", context_settings={"allow_extra_args": True})
 def measure(
+    ctx: typer.Context,
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: a vLLM long option without dashes; "
                                    "true/false for booleans (repeatable)"),
-    json_out: Path | None = typer.Option(None, "--json", help="also write the result as one JSON object"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object on stdout (the "
+                                 "table goes to stderr)"),
+    json_out: Path | None = typer.Option(None, "-o", "--output", help="also write the result as one JSON "
+                                         "object to this file"),
     log_dir: Path | None = typer.Option(None, help="where engine logs go (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
     """Measure one configuration: start the engine, replay the workload, watch memory, stop, report.
@@ -89,14 +97,16 @@ def measure(
 
     configure_logging()
     try:
+        scenario, json_out, as_json = old_json_path(scenario, json_out, as_json, ctx.args)
         sc = load_scenario(scenario)
         overrides = parse_set(set_)
         if json_out is not None and not json_out.parent.is_dir():
-            raise UserInputError(f"--json {json_out}: directory {json_out.parent} does not exist")
+            raise UserInputError(f"--output {json_out}: directory {json_out.parent} does not exist")
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, None, logs, overrides)
     except UserInputError as exc:
         raise _fail(exc) from None
+    log_to_file(sc.name, False)
     from autotuner.trial_view import print_trial
     from autotuner.tuner.trial import GpusBusyError
     from autotuner.tuner.trial import measure as measure_trial
@@ -113,8 +123,11 @@ def measure(
         return await measure_trial(sc, overrides, log_dir=logs,
                                    on_phase=lambda p: typer.echo(f"[{p}]", err=True))
 
+    from autotuner.view.requests import request_bar
+
     try:
-        result = asyncio.run(main())
+        with request_bar():
+            result = asyncio.run(main())
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
     except FileNotFoundError as exc:  # the command vanished between the preflight and the launch
@@ -123,10 +136,33 @@ def measure(
     except asyncio.CancelledError:
         typer.echo("interrupted: the engine was stopped", err=True)
         raise typer.Exit(130) from None
-    print_trial(result)  # type: ignore[arg-type]
+    from rich.console import Console
+
+    print_trial(result, Console(stderr=as_json))  # type: ignore[arg-type]
     if json_out is not None:
         write_json_atomic(json_out, result.to_dict())  # type: ignore[attr-defined]
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(result.to_dict(), default=str))  # type: ignore[attr-defined]
     raise typer.Exit(0 if result.outcome == "ok" else 1)  # type: ignore[attr-defined]
+
+
+def old_json_path(scenario: Path, output: Path | None, as_json: bool, extra: list[str]) -> tuple[Path, Path | None,
+                                                                                             bool]:
+    """`measure SCENARIO --json PATH` (before 0.2) still writes PATH, with a note: `--json` now prints to
+    stdout and `-o/--output PATH` writes a file, as in `vllm bench serve` and `export`."""
+    from autotuner.errors import UserInputError
+
+    if not extra:
+        return scenario, output, as_json
+    if not as_json or len(extra) != 1 or output is not None:
+        raise UserInputError(f"unexpected argument(s) {' '.join(extra)}: measure takes one scenario file")
+    path = Path(extra[0])
+    if scenario.suffix == ".json" and path.suffix in (".yaml", ".yml"):  # `--json out.json scenario.yaml`
+        scenario, path = path, scenario
+    typer.echo(f"note: `--json {path}` is deprecated: use `-o {path}` (a file) or `--json` (stdout)", err=True)
+    return scenario, path, False
 
 
 @app.command()
@@ -144,7 +180,10 @@ def verify(
     configure_logging()
     try:
         sc = load_scenario(scenario) if scenario is not None else None
-        verdict = run_verify(base_url, model, api_key_env, sc)
+        from autotuner.view.requests import request_bar
+
+        with request_bar():
+            verdict = run_verify(base_url, model, api_key_env, sc)
     except UserInputError as exc:
         raise _fail(exc) from None
     for note in verdict.notes:
@@ -178,6 +217,8 @@ def tune(
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
     warm_start: str | None = typer.Option(None, "--warm-start", help="start from this study's best configs "
                                           "(e.g. the study of the model you just replaced)"),
+    log_format: str = typer.Option("auto", "--log-format", help=LOG_FORMAT_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print the summary only (the log file has the rest)"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
 
@@ -185,13 +226,12 @@ def tune(
     2 bad input or a failed preflight check."""
     import asyncio
     import signal
-    import sys
 
     from autotuner.engine.registry import autotuner_home
     from autotuner.errors import UserInputError
     from autotuner.scenario import load_scenario
 
-    configure_logging()
+    configure_logging(log_format, quiet)
     try:
         sc = load_scenario(scenario)
         if trials is not None and trials < 1:
@@ -200,7 +240,6 @@ def tune(
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
         from autotuner.store.db import Store, storage_error
-        from autotuner.tuner.progress import LiveView
         from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
         from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner, parse_duration
@@ -210,11 +249,12 @@ def tune(
         build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
-        view = LiveView([o.metric for o in sc.objectives], timeout_s) if sys.stderr.isatty() else None
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
-                      on_event=view, warm_start=warm_start)
+                      warm_start=warm_start)
     except UserInputError as exc:
         raise _fail(exc) from None
+    log_to_file(tuner.study_name, quiet)
+    view = live_view(tuner, log_format, quiet)
 
     async def main() -> object:
         loop = asyncio.get_running_loop()
@@ -237,11 +277,14 @@ def tune(
             raise
         typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(1) from None
-    _print_summary(summary)
+    _print_summary(summary, store.url)
     raise typer.Exit(summary.exit_code)  # type: ignore[attr-defined]
 
 
-def _print_summary(s: Any) -> None:  # a TuneSummary
+def _print_summary(s: Any, storage: str = "sqlite:///autotuner.db") -> None:  # a TuneSummary
+    from autotuner.secrets import display_url
+
+    where = "" if storage == DEFAULT_STORAGE else f" --storage {display_url(storage)}"
     if s.interrupted:
         state = "interrupted"
     elif s.stopped_reason is not None:
@@ -258,13 +301,13 @@ def _print_summary(s: Any) -> None:  # a TuneSummary
         params = " ".join(f"{k}={v}" for k, v in best["params"].items())
         typer.echo(f"pareto: trial {best['number']}: [{values}] {params}")
     if s.best:
-        typer.echo(f"next: autotuner export --study {s.study_name} --format yaml   |   "
-                   f"autotuner report --study {s.study_name} -o report/")
+        typer.echo(f"next: autotuner export --study {s.study_name}{where} --format yaml   |   "
+                   f"autotuner report --study {s.study_name}{where} -o report/")
     elif s.stopped_reason is not None or s.interrupted:
         typer.echo("no feasible configuration yet: fix the cause and run the same command again to resume",
                    err=True)
     else:
-        typer.echo(f"no feasible configuration found: autotuner report --study {s.study_name} -o report/ "
+        typer.echo(f"no feasible configuration found: autotuner report --study {s.study_name}{where} -o report/ "
                    "shows why each trial failed", err=True)
 
 
@@ -312,15 +355,34 @@ DEFAULT_STORAGE = "sqlite:///autotuner.db"
 def status(
     study: str | None = typer.Argument(None, help="a study: list its trials"),
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="follow a running study (STUDY required): the "
+                               "live table of `tune`, refreshed from the database until Ctrl-C"),
+    interval: float = typer.Option(2.0, "--interval", help="seconds between refreshes with --watch"),
 ) -> None:
-    """Studies in the storage and their trials."""
+    """Studies in the storage and their trials; --watch follows a running study from another terminal."""
     from autotuner.errors import UserInputError
     from autotuner.export.status import run_status
 
     try:
+        if watch:
+            raise typer.Exit(watch_status(storage, study, interval))
         raise typer.Exit(run_status(storage, study))
     except UserInputError as exc:
         raise _fail(exc) from None
+
+
+def watch_status(storage: str, study: str | None, interval: float) -> int:
+    from autotuner.errors import UserInputError
+    from autotuner.export.status import watch
+
+    if study is None:
+        raise UserInputError("status --watch needs a study: autotuner status STUDY --watch")
+    if not interval > 0:
+        raise UserInputError(f"--interval {interval}: must be a positive number of seconds")
+    try:
+        return watch(storage, study, interval_s=interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 @app.command()
@@ -377,10 +439,42 @@ def write_json_atomic(path: Path, payload: object) -> None:
     write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
-def configure_logging() -> None:
+def configure_logging(log_format: str = "auto", quiet: bool = False) -> None:
     from autotuner.logs import configure
 
-    configure()
+    if log_format not in ("auto", "console", "json"):
+        typer.echo(f"error: --log-format {log_format}: use auto, console or json", err=True)
+        raise typer.Exit(2)
+    configure(log_format=log_format, quiet=quiet)  # type: ignore[arg-type]
+
+
+def log_to_file(name: str, quiet: bool) -> None:
+    """Every event of this run, as JSON lines, in $AUTOTUNER_HOME/logs/NAME.jsonl; its path is said first."""
+    from autotuner.engine.registry import autotuner_home
+    from autotuner.logs import attach_file, log_file_for
+
+    path = attach_file(log_file_for(autotuner_home(), name))
+    if path is not None and not quiet:
+        typer.echo(f"log: {path}", err=True)
+
+
+def live_view(tuner: Any, log_format: str, quiet: bool) -> Any:
+    """The Rich live view on a terminal (None when piped, quiet or asked for JSON): it hears the Tuner's
+    events and the memory sampler's peaks."""
+    import sys
+
+    from autotuner.monitor.sampler import memory_listener
+    from autotuner.tuner.progress import LiveView
+    from autotuner.workload.replay import request_listener
+
+    if quiet or log_format == "json" or not sys.stderr.isatty():
+        return None
+    sc = tuner.scenario
+    view = LiveView([o.metric for o in sc.objectives], [o.direction for o in sc.objectives], tuner.timeout_s)
+    tuner.on_event = view
+    memory_listener.set(view)  # asyncio.run copies this context into the study's tasks
+    request_listener.set(view)
+    return view
 
 
 @app.command()

@@ -374,6 +374,18 @@ class Scenario(_Model):
 
 # --- loading ----------------------------------------------------------------------------------------
 
+def _model_from_scenario_folder(scenario: Scenario) -> Scenario:
+    """A relative engine.model that is a directory next to the scenario file is that directory, wherever
+    the command runs from (like the GPU and trace files); anything else (a hub name, a preset) is kept."""
+    model = Path(scenario.engine.model).expanduser()
+    if model.is_absolute() or scenario.source is None:
+        return scenario
+    local = scenario.resolve(scenario.engine.model)
+    if not local.is_dir():
+        return scenario
+    return scenario.model_copy(update={"engine": scenario.engine.model_copy(update={"model": str(local)})})
+
+
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     text = read_text(path, ScenarioError, "scenario file")
@@ -387,6 +399,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(first_error(exc, path, lambda loc: line_of(node, loc))) from None
     except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
         raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
+    scenario = _model_from_scenario_folder(scenario)
     if scenario.engine.kind in ("sim", "sim-virtual"):
         # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
         # before anything is started or written (each error names its own file and line).

@@ -52,3 +52,17 @@ def test_bad_scenarios_name_the_line_and_field(tmp_path: Path, text: str, messag
         load_scenario(path)
     assert str(err.value).startswith(str(path))
     assert message in str(err.value)
+
+
+def test_a_relative_model_directory_resolves_from_the_scenario_folder(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "project"
+    (folder / "models" / "tiny").mkdir(parents=True)
+    (folder / "s.yaml").write_text("engine: {kind: vllm, model: models/tiny}\n")
+    (folder / "hub.yaml").write_text("engine: {kind: vllm, model: Qwen/Qwen2.5-0.5B-Instruct}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_scenario(Path("../project/s.yaml")).engine.model == str(folder.resolve() / "models" / "tiny")
+    # a hub name stays a hub name
+    assert load_scenario(folder / "hub.yaml").engine.model == "Qwen/Qwen2.5-0.5B-Instruct"

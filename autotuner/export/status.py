@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import time
+from contextlib import nullcontext
 
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autotuner.errors import UserInputError
 from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_store, read_study, verdict
 from autotuner.export.slo import scenario_slos
 from autotuner.export.units import flag_value, percent, seconds
 from autotuner.secrets import display_url
+from autotuner.tuner.progress import LiveView
 
 
 def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:
@@ -67,3 +74,60 @@ def _trials(storage: str, name: str, console: Console) -> None:
 
 def _number(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def watch_view(storage: str, name: str, console: Console) -> LiveView | None:
+    """The live view of `tune`, rebuilt from the database: what another terminal (or another box on
+    PostgreSQL) sees of a running study. None while the study does not exist yet."""
+    try:
+        data = load_study(storage, name)
+    except UserInputError:
+        return None
+    sc = data.scenario
+    analysis = analyse(data, scenario_slos(sc.slos))
+    candidates = {t.trial_number for t in analysis.candidates}
+    objectives = [o.metric for o in sc.objectives]
+    trials = sorted(data.trials, key=lambda t: t.started_at)
+    now = [trials[0].started_at if trials else time.time()]  # the view's clock: replayed, then the present
+    view = LiveView(objectives, [o.direction for o in sc.objectives], None, console=console,
+                    clock=lambda: now[0], live=False)
+    budget = max(sc.budget.trials, len(trials))
+    view("started", {"study": data.name, "sampler": "from the database", "budget": budget})
+    fixed = sc.engine.flags
+    for index, t in enumerate(trials, start=1):
+        now[0] = t.started_at
+        view("trial", {"number": t.trial_number, "index": index, "budget": budget, "kind": t.kind,
+                       "flags": {k: v for k, v in t.flags.items() if k not in fixed}})
+        view("phase", {"phase": "workload"})  # an engine ran: its duration counts for the ETA
+        values = [t.metrics.get(o) for o in objectives]
+        ok = t.trial_number in candidates and None not in values
+        now[0] = t.finished_at
+        view("finished", {"number": t.trial_number, "outcome": t.outcome, "feasible": ok, "values": values,
+                          "metrics": t.metrics, "peak_fraction": t.memory.get("peak_fraction"),
+                          "reason": t.reason or (None if ok else verdict(t, analysis)), "kind": t.kind})
+    now[0] = time.time()
+    return view
+
+
+def watch(storage: str, name: str, console: Console | None = None, interval_s: float = 2.0,
+          rounds: int | None = None) -> int:
+    """`status STUDY --watch`: the trial table, refreshed from the database until interrupted. On a
+    terminal it redraws in place; piped, it prints the table again each time a trial is added."""
+    console = console or Console()
+    shown = -1
+    with Live(console=console, auto_refresh=False, transient=False) if console.is_terminal else nullcontext() as live:
+        n = 0
+        while rounds is None or n < rounds:
+            n += 1
+            view = watch_view(storage, name, console)
+            renderable = view.render() if view is not None else Text(
+                f"waiting for study {name} in {display_url(storage)} …")
+            count = len(view.rows) if view is not None else 0
+            if live is not None:
+                live.update(renderable, refresh=True)
+            elif count != shown:
+                console.print(renderable)
+                console.file.flush()
+            shown = count
+            time.sleep(interval_s)
+    return 0

@@ -16,7 +16,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -29,6 +31,13 @@ DEFAULT_FRACTION = 0.97
 MAX_CONSECUTIVE_ERRORS = 5
 
 log = structlog.get_logger(__name__)
+
+# Hears ("memory", {used_bytes, peak_bytes, total_bytes, limit_bytes, gpus}) from the sampler thread,
+# like a Tuner's on_event; set by whoever shows a live view (a context variable: no argument to pass
+# through the study, the runner and the trial).
+MemoryListener = Callable[[str, dict[str, Any]], None]
+memory_listener: ContextVar[MemoryListener | None] = ContextVar("memory_listener", default=None)
+LISTENER_PERIOD_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,7 @@ class Sampler:
         threshold: Threshold | None = None,
         on_threshold: Callable[[ThresholdEvent], None] | None = None,
         max_points: int = 600,
+        on_sample: MemoryListener | None = None,
     ) -> None:
         if not hz > 0:
             raise ValueError(f"sampling rate must be positive, not {hz}")
@@ -105,6 +115,9 @@ class Sampler:
         self.threshold = threshold
         self.on_threshold = on_threshold
         self.max_points = max_points
+        # A live view (set around a whole `tune` run) hears the peaks so far, a few times a second.
+        self.on_sample = on_sample if on_sample is not None else memory_listener.get()
+        self._heard_at = 0.0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._reset()
@@ -209,6 +222,18 @@ class Sampler:
                 if used >= limit:
                     self._fire(position, used, limit, t_s)
                     break
+        if self.on_sample is not None and (t_s - self._heard_at >= LISTENER_PERIOD_S or t_s == 0.0):
+            self._heard_at = t_s
+            self._tell_listener(values)
+
+    def _tell_listener(self, values: list[int]) -> None:
+        try:
+            self.on_sample("memory", {"used_bytes": list(values), "peak_bytes": list(self._peak),
+                                      "total_bytes": [d.total_bytes for d in self._devices],
+                                      "limit_bytes": list(self._limits) if self._limits else None,
+                                      "gpus": [d.index for d in self._devices]})
+        except Exception:
+            log.exception("memory_sampler.listener_failed")
 
     def _fire(self, position: int, used: int, limit: int, t_s: float) -> None:
         device = self._devices[position]

@@ -413,7 +413,8 @@ class Tuner:
             study.tell(trial, state=TrialState.FAIL)
             self._save(trial.number, kind, result, "FAIL", started)
             self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "state": "FAIL",
-                                       "reason": result.reason})
+                                       "reason": result.reason, "kind": kind,
+                                       "peak_fraction": result.memory.get("peak_fraction")})
             return
         constraints = constraints_of(result, self.scenario)
         ok = feasible(constraints)
@@ -438,7 +439,8 @@ class Tuner:
                  peak_fraction=result.memory.get("peak_fraction"))
         self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "feasible": ok,
                                    "values": values, "state": "COMPLETE", "reason": result.reason,
-                                   "flags": result.flags})
+                                   "flags": result.flags, "kind": kind, "metrics": result.metrics,
+                                   "peak_fraction": result.memory.get("peak_fraction"), "constraints": constraints})
 
     def _save(self, number: int, kind: str, result: TrialResult, state: str, started: float) -> None:
         data = result.to_dict()

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+import structlog
 
 from autotuner.workload.arrivals import send_offsets
 from autotuner.workload.client import RequestResult
@@ -20,6 +23,12 @@ from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import WorkloadSpec
 
 CANCELLED = "cancelled"
+log = structlog.get_logger(__name__)
+
+# Hears ("request", {phase, done, total, failed, output_tokens_per_s}) after each finished request;
+# set by whoever shows progress (a context variable: nothing to pass through a trial).
+RequestListener = Callable[[str, dict[str, Any]], None]
+request_listener: ContextVar[RequestListener | None] = ContextVar("request_listener", default=None)
 
 
 class Sender(Protocol):
@@ -45,6 +54,8 @@ class ReplayResult:
 @dataclass
 class _Phase:
     slots: list[RequestResult | None] = field(default_factory=list)
+    finished: int = 0  # as heard by a progress listener
+    failed: int = 0
 
     def done(self) -> list[RequestResult]:
         return [r for r in self.slots if r is not None]
@@ -66,6 +77,9 @@ class Replayer:
         self._wall_start = time.time()
         self._cancelled = False
         self._finished = False
+        # A progress bar (set around a `measure` or `verify` run) hears each finished request.
+        self._listener = request_listener.get()
+        self._tokens = 0
 
     async def run(self) -> ReplayResult:
         try:
@@ -98,11 +112,28 @@ class Replayer:
     async def _one(self, phase: _Phase, index: int, req: RequestSpec, scheduled_at: float) -> None:
         try:
             phase.slots[index] = await self.client.send(req, scheduled_at)
+            if self._listener is not None:
+                self._heard(phase, phase.slots[index])  # type: ignore[arg-type]
         except asyncio.CancelledError:
             phase.slots[index] = RequestResult(ok=False, error=CANCELLED, scheduled_at=scheduled_at,
                                                finished_at=time.perf_counter(),
                                                target_prompt_tokens=req.target_prompt_tokens)
             raise
+
+    def _heard(self, phase: _Phase, result: RequestResult) -> None:
+        warm = phase is self._warm
+        if not warm:
+            self._tokens += result.output_tokens
+        phase.finished += 1
+        phase.failed += not result.ok
+        elapsed = time.perf_counter() - self._start
+        try:
+            self._listener("request", {  # type: ignore[misc]
+                "phase": "warm-up" if warm else "workload", "done": phase.finished, "total": len(phase.slots),
+                "failed": phase.failed,
+                "output_tokens_per_s": None if warm or elapsed <= 0 else self._tokens / elapsed})
+        except Exception:
+            log.exception("replay.listener_failed")
 
     async def _closed_loop(self, reqs: list[RequestSpec], phase: _Phase, deadline: float | None) -> None:
         queue = iter(enumerate(reqs))

@@ -245,3 +245,26 @@ def test_start_and_stop_misuse() -> None:
     sampler.stop()
     with pytest.raises(ValueError, match="positive"):
         Sampler(ScriptedMonitor(), hz=0)
+
+
+def test_a_live_view_set_in_the_context_hears_the_peaks_so_far() -> None:
+    from autotuner.monitor.sampler import LISTENER_PERIOD_S, memory_listener
+
+    heard: list[tuple[str, dict[str, object]]] = []
+    monitor = ScriptedMonitor()
+    monitor.value = 40
+    token = memory_listener.set(lambda kind, data: heard.append((kind, data)))
+    try:
+        sampler = Sampler(monitor, hz=200.0, threshold=Threshold.of_total(0.9))
+    finally:
+        memory_listener.reset(token)
+    sampler.start()
+    monitor.value = 70
+    time.sleep(3 * LISTENER_PERIOD_S)
+    monitor.value = 50
+    sampler.stop()
+    assert heard[0] == ("memory", {"used_bytes": [40], "peak_bytes": [40], "total_bytes": [100],
+                                   "limit_bytes": [90], "gpus": [0]})
+    assert ("memory", {"used_bytes": [70], "peak_bytes": [70], "total_bytes": [100], "limit_bytes": [90],
+                       "gpus": [0]}) in heard
+    assert len(heard) <= 6  # a few times a second (start, then every period), not at each of ~150 samples
