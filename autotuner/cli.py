@@ -118,7 +118,7 @@ def measure(
             return VirtualRunner(sc).evaluate(overrides)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
         return await measure_trial(sc, overrides, log_dir=logs,
                                    on_phase=lambda p: typer.echo(f"[{p}]", err=True))
@@ -258,7 +258,8 @@ def tune(
 
     async def main() -> object:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP too: a closed terminal or tmux session must stop the engine, not orphan it.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, tuner.request_stop)
         return await tuner.run()
 
