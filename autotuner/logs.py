@@ -148,9 +148,8 @@ def configure(verbose: bool = False, log_format: LogFormat = "auto", quiet: bool
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            # Tracebacks as text before the mask, so that a secret inside an exception is masked too
-            # (the console renderer formats its own, from the exception object).
-            *([structlog.processors.format_exc_info] if json_lines else []),
+            # Tracebacks as text before the mask, so that a secret inside an exception is masked too.
+            structlog.processors.format_exc_info,
             redact_secrets,
             _route,
         ],
