@@ -16,6 +16,7 @@ import yaml
 from autotuner.errors import HardwareSpecError, ModelSpecError
 from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
 from autotuner.sim.models import ModelSpec, load_model
+from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
 
 VLLM_VERSION = "0.32.0"
 # Fast enough that a trial takes seconds, slow enough that the server keeps pace with its scaled
@@ -47,6 +48,9 @@ class SimOptions:
     num_gpus: int
     speedup: float
     seed: int
+    noise: float = DEFAULT_NOISE
+    run: int | None = None  # None: the server counts its launches (sim/noise.py)
+    ignore_cpu_offload: bool = False  # behave like vLLM builds that silently drop --cpu-offload-gb
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class EngineConfig:
 
     @property
     def offload_bytes(self) -> int:
+        if self.sim.ignore_cpu_offload:
+            return 0
         return min(int(self.cpu_offload_gb * GIB), self.model.weight_bytes // self.tensor_parallel_size)
 
 
@@ -122,6 +128,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-gpus", type=int, help="GPUs in the simulated box (default: the TP size)")
     sim.add_argument("--sim-speedup", type=float, default=DEFAULT_SPEEDUP, help="simulated time / wall time")
     sim.add_argument("--sim-seed", type=int, default=0)
+    sim.add_argument("--sim-noise", type=float, default=DEFAULT_NOISE,
+                     help="run-to-run coefficient of variation (0: deterministic)")
+    sim.add_argument("--sim-run", type=int, help="which run of this seed (default: counted per launch)")
+    sim.add_argument("--sim-ignore-cpu-offload", action="store_true", help=argparse.SUPPRESS)
 
 
 def new_parser(prog: str = "vllm", conflict_handler: str = "error") -> argparse.ArgumentParser:
@@ -215,6 +225,8 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
                           "greater_than", tp)
     if num_gpus < 1 or ns.sim_speedup <= 0:
         raise HardwareSpecError("--sim-gpus must be ≥ 1 and --sim-speedup > 0")
+    if not 0 <= ns.sim_noise <= 0.5 or (ns.sim_run is not None and ns.sim_run < 0):
+        raise HardwareSpecError("--sim-noise must be within 0..0.5 (0.03 = 3 % run-to-run) and --sim-run ≥ 0")
     if model.num_heads % tp:
         raise VllmArgError(
             f"ValueError: Total number of attention heads ({model.num_heads}) must be divisible by "
@@ -301,7 +313,8 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
         block_size=block_size,
         enforce_eager=ns.enforce_eager,
         kv_cache_dtype=ns.kv_cache_dtype,
-        sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed),
+        sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed,
+                       noise=ns.sim_noise, run=ns.sim_run, ignore_cpu_offload=ns.sim_ignore_cpu_offload),
         host=ns.host,
         port=ns.port,
         api_key=api_key,

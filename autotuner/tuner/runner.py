@@ -110,13 +110,16 @@ def engine_version(scenario: Scenario) -> str:
 class VirtualRunner(TrialRunner):
     """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, first_run: int = 0) -> None:
         if scenario.workload.requests.kind != "synthetic":
             raise ScenarioError(f"{scenario.source or 'scenario'}: engine.kind sim-virtual takes synthetic "
                                 "workloads only (token counts, no text); replay a trace with kind sim or vllm")
         self.scenario = scenario
         self.threshold = threshold_of(scenario)
         self._requests_cache: dict[int, list[EvalRequest]] = {}
+        # Each evaluation is another run of the simulated engine (another noise draw), like each
+        # engine launch on a real box; `first_run` lets a caller start on fresh draws.
+        self.runs = first_run
 
     def study_key(self) -> StudyKey:
         return StudyKey(model_fingerprint(self.scenario), _sim_inventory(self.scenario),
@@ -125,7 +128,8 @@ class VirtualRunner(TrialRunner):
     def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
         sim = self.scenario.engine.sim
         argv = [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
-                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed)]
+                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed), "--sim-noise", str(sim.noise),
+                "--sim-run", str(self.runs)]
         if sim.gpus:
             argv += ["--sim-gpus", str(sim.gpus)]
         return argv
@@ -153,6 +157,7 @@ class VirtualRunner(TrialRunner):
 
     def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:
         argv = self._argv(flags)
+        self.runs += 1
         merged = {**self.scenario.engine.flags, **flags}
         result = TrialResult(oc.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
