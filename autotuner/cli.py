@@ -144,6 +144,10 @@ def tune(
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
     warm_start: str | None = typer.Option(None, "--warm-start", help="start from this study's best configs "
                                           "(e.g. the study of the model you just replaced)"),
+    confirm_plan: str = typer.Option("3x3", "--confirm", help="then re-measure the top K R times each (K×R); "
+                                     "0 skips confirmation and soak"),
+    soak_for: str = typer.Option("10m", "--soak", help="then soak the confirmed best under the worst workload "
+                                 "this long (engine time; 0 skips)"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite."""
     import asyncio
@@ -154,6 +158,7 @@ def tune(
     from autotuner.errors import UserInputError
     from autotuner.scenario import load_scenario
     from autotuner.store.db import Store
+    from autotuner.trust.commands import parse_confirm, run_after_tune
     from autotuner.tuner.progress import LiveView
     from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
     from autotuner.tuner.study import Tuner, parse_duration
@@ -165,6 +170,7 @@ def tune(
         if trials is not None and trials < 1:
             raise UserInputError("--trials must be ≥ 1")
         timeout_s = parse_duration(timeout) if timeout is not None else None
+        trust_plan, soak_s = parse_confirm(confirm_plan), parse_duration(soak_for) or 0.0
         store = Store(storage or sc.storage)
         logs = log_dir or autotuner_home() / "logs" / sc.name
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
@@ -189,6 +195,11 @@ def tune(
     except (UserInputError, GpusBusyError) as exc:
         raise _fail(exc) from None
     _print_summary(summary)
+    if not summary.interrupted:  # type: ignore[attr-defined]
+        try:
+            raise typer.Exit(run_after_tune(sc, store, summary.study_name, runner, logs, *trust_plan, soak_s))  # type: ignore[attr-defined]
+        except (UserInputError, GpusBusyError) as exc:
+            raise _fail(exc) from None
 
 
 def _print_summary(summary: object) -> None:
@@ -207,6 +218,51 @@ def _print_summary(summary: object) -> None:
 
 
 DEFAULT_STORAGE = "sqlite:///autotuner.db"
+
+
+@app.command()
+def confirm(
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    top: int = typer.Option(3, "--top", help="candidates: the SLO-feasible Pareto front and its neighbours"),
+    repeats: int = typer.Option(3, "--repeats", help="runs of each candidate, interleaved A B C A B C"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Re-measure the best candidates; mean and 95 % interval per objective, worst memory peak."""
+    from autotuner.errors import UserInputError
+    from autotuner.trust.commands import run_confirm
+    from autotuner.tuner.trial import GpusBusyError
+
+    configure_logging()
+    try:
+        raise typer.Exit(run_confirm(storage, study, top, repeats, log_dir))
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def soak(
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: soak these flags instead of the confirmed best"),
+    duration: str = typer.Option("10m", "--duration", help="how long, in engine time (e.g. 10m)"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Run the confirmed best under the worst workload the scenario allows; the next one if it fails."""
+    from autotuner.engine.launch import parse_set
+    from autotuner.errors import UserInputError
+    from autotuner.trust.commands import run_soak
+    from autotuner.tuner.study import parse_duration
+    from autotuner.tuner.trial import GpusBusyError
+
+    configure_logging()
+    try:
+        seconds = parse_duration(duration) or 0.0
+        if seconds <= 0:
+            raise UserInputError("--duration must be > 0, e.g. 10m")
+        raise typer.Exit(run_soak(storage, study, seconds, parse_set(set_) if set_ else None, log_dir))
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
 
 
 @app.command()
@@ -235,13 +291,15 @@ def export(
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
     force: bool = typer.Option(False, "--force", help="export even if this machine's GPUs or the model "
                                "differ from the study's"),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="export a winner that was not "
+                                          "confirmed and soaked (the certificate says so)"),
 ) -> None:
     """Export the chosen Pareto config as a deployment artefact, with its certificate."""
     from autotuner.errors import UserInputError
     from autotuner.export.exporter import run_export
 
     try:
-        raise typer.Exit(run_export(storage, study, slo, policy, fmt, output, force))
+        raise typer.Exit(run_export(storage, study, slo, policy, fmt, output, force, allow_unverified))
     except UserInputError as exc:
         raise _fail(exc) from None
 

@@ -170,7 +170,10 @@ class VirtualRunner(TrialRunner):
         ev = evaluate(config, reqs, concurrency)
         result.engine = {"version": f"{VLLM_VERSION} (simulated)", "kv_cache_tokens": ev.kv_cache_tokens,
                          "preemptions": ev.preemptions, "kv_cache_usage_max": None,
-                         "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None}
+                         "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None,
+                         "model_load_gib": ev.startup.get("weights_gib"),
+                         "offloaded_gib": ev.startup.get("offloaded_gib"),
+                         "sim_noise": config.sim.noise, "sim_run": config.sim.run}
         if ev.outcome == "startup-failed":
             result.outcome, result.reason = oc.STARTUP_FAILED, ev.reason
             return result
@@ -181,7 +184,7 @@ class VirtualRunner(TrialRunner):
                          "devices": list(config.gpu_indices), "timeline": []}
         result.metrics = {k: ev.metrics.get(k) for k in (
             "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
-            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p95_s", "completed", "failed")}
+            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "e2e_p95_s", "completed", "failed", "duration_s")}
         result.metrics["itl_p99_s"] = ev.metrics.get("tpot_p99_s")
         limit = self.threshold.limit_bytes(total)
         if ev.outcome == "oom":

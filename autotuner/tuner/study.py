@@ -26,6 +26,7 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.trust import TRUST_KINDS
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, flag_violation
 from autotuner.tuner.trial import GpusBusyError, TrialResult
@@ -450,7 +451,7 @@ class Tuner:
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Completed trials that ran an engine: what the budget counts."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("launched", True)]
+            if t.user_attrs.get("launched", True) and t.user_attrs.get("kind") not in TRUST_KINDS]
 
 
 def parse_duration(text: str | None) -> float | None:
