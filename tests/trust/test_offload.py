@@ -103,3 +103,11 @@ def test_each_server_launch_is_another_noise_run(sim_server: type[SimServer], si
         runs.append(httpx.get(server.url + "/version", timeout=5).json()["simulator"]["run"])
         _stop(server, sim_state)
     assert runs == [0, 1]
+
+
+def test_offload_bound_leaves_room_for_the_pinned_copy() -> None:
+    from autotuner.tuner.space import offload_limit_gib
+
+    sc = scenario(**{"engine.model": "llama-2-13b", "engine.flags": {"tensor-parallel-size": 2}})
+    # Half of 64 GiB available, ~1.9 GiB pinned per GiB offloaded on each of 2 GPUs: 8 GiB, not 16.
+    assert offload_limit_gib(sc, host_bytes=64 << 30) == 8.0
