@@ -54,8 +54,9 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
         print(f"note: {data.note}", file=sys.stderr)
     analysis = analyse(data, scenario_slos(data.scenario.slos))
     ranked = confirmed_ranking(POLICY, analysis, confirmations(data.trials), soaks(data.trials))
+    single_shot = choose(POLICY, analysis)
     winner = (next(t for t in analysis.feasible if t.trial_number == ranked[0].trial_number) if ranked
-              else choose(POLICY, analysis))
+              else single_shot)
     # Imported here: matplotlib takes a second to load and only the report needs it.
     from autotuner.export.plots import memory_png, pareto_png
 
@@ -71,7 +72,11 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
     if soak_trial is not None and soak_trial.memory.get("peak_bytes"):
         soak_memory = Image("soak-memory.png", f"GPU memory during the soak (trial {soak_trial.trial_number})",
                             memory_png(analysis, soak_trial))
-    doc.sections.insert(3, verification_section(analysis, soak_memory))
+    section = verification_section(analysis, soak_memory)
+    if winner is not None and single_shot is not None and winner.trial_number != single_shot.trial_number:
+        section.blocks.insert(0, f"The single-shot best, trial {single_shot.trial_number}, was not the confirmed "
+                              f"best: trial {winner.trial_number} is recommended on its re-measured bounds.")
+    doc.sections.insert(3, section)
     with staged_dir(out_dir) as stage:
         (stage / "report.md").write_text(to_markdown(doc))
         (stage / "report.html").write_text(to_html(doc))

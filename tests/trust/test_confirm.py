@@ -11,6 +11,7 @@ import pytest
 
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
+from autotuner.export.report import run_report
 from autotuner.export.select import select
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import launched_trials
@@ -93,3 +94,6 @@ def test_noisy_study_exports_the_confirmed_best_not_the_lucky_shot(tmp_path: Pat
     assert chosen.single_shot is not None and chosen.single_shot.flags[UTIL] != best
     claim = doc["certificate"]["metrics"]["output_tokens_per_s"]
     assert claim == pytest.approx(chosen.confirmation.intervals["output_tokens_per_s"].mean)
+    assert run_report(t.storage, None, tmp_path / "report") == 0
+    assert (f"The single-shot best, trial {lucky.trial_number}, was not the confirmed best: trial "
+            f"{chosen.chosen.trial_number}") in (tmp_path / "report" / "report.md").read_text()

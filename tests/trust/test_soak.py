@@ -8,6 +8,7 @@ from pathlib import Path
 import optuna
 
 from autotuner.export.exporter import run_export
+from autotuner.export.report import run_report
 from autotuner.scenario import LengthSettings
 from autotuner.trust.soak import longest, soak_scenario
 from tests.trust.conftest import scenario, tune
@@ -60,3 +61,9 @@ def test_soak_catches_an_oom_on_long_prompts_and_export_holds_the_survivor(tmp_p
     assert doc["certificate"]["trial"] == second.original
     soak = doc["certificate"]["verification"]["soak"]
     assert soak["passed"] and soak["trial"] == second.trial and soak["duration_s"] > 0
+    assert run_report(t.storage, None, tmp_path / "report") == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    verification = text.split("## Verification", 1)[1].split("\n## ", 1)[0]
+    assert f"| {first.trial} | {first.original} | FAILED |" in verification
+    assert f"| {second.trial} | {second.original} | passed |" in verification
+    assert "soak-memory.png" in verification
