@@ -283,8 +283,9 @@ def confirmation_problem(trial: TrialRecord, confirmation: Confirmation, scenari
     if confirmation.offload_failed:
         return "offload not verified: " + str((confirmation.offload or {}).get("reason"))
     threshold = scenario.oom_threshold.fraction or 0.97
-    if confirmation.worst_peak_fraction is not None and confirmation.worst_peak_fraction >= threshold:
-        return f"worst memory peak {confirmation.worst_peak_fraction:.1%} ≥ threshold {threshold:.0%}"
+    if confirmation.peak_bound is not None and confirmation.peak_bound >= threshold:
+        return (f"memory peak up to {confirmation.peak_bound:.1%} (worst seen {confirmation.worst_peak_fraction:.1%}, "
+                f"or its upper 95 % bound) ≥ threshold {threshold:.0%}")
     total = confirmation.completed_requests + confirmation.failed_requests
     if total and confirmation.failed_requests / total > MAX_FAILED_SHARE:
         return f"{confirmation.failed_requests} requests failed over its confirmation runs"

@@ -26,6 +26,7 @@ class Confirmation:
     bad_runs: list[str] = field(default_factory=list)  # "trial N: outcome — reason" of runs not ok
     intervals: dict[str, Interval] = field(default_factory=dict)
     worst_peak_fraction: float | None = None  # over the original and every confirmation run
+    peak_bound: float | None = None  # the larger of the worst peak and the peaks' upper 95 % bound
     failed_requests: int = 0
     completed_requests: int = 0
     offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
@@ -44,7 +45,8 @@ class Confirmation:
     def to_dict(self) -> dict[str, Any]:
         return {"original": self.original, "runs": self.runs, "bad_runs": self.bad_runs,
                 "intervals": {k: vars(v) for k, v in self.intervals.items()},
-                "worst_peak_fraction": self.worst_peak_fraction, "failed_requests": self.failed_requests,
+                "worst_peak_fraction": self.worst_peak_fraction, "peak_bound": self.peak_bound,
+                "failed_requests": self.failed_requests,
                 "completed_requests": self.completed_requests,
                 "offload": self.offload}
 
@@ -89,6 +91,8 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
             peaks.append(by_number[original].memory.get("peak_fraction"))
         seen = [float(p) for p in peaks if isinstance(p, int | float)]
         c.worst_peak_fraction = max(seen) if seen else None
+        peak_iv = interval(seen)
+        c.peak_bound = max([*seen, peak_iv.high]) if seen and peak_iv is not None else None
         c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
         c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
         checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]
