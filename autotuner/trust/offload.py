@@ -9,12 +9,18 @@ than that of a comparable trial without offload, by at least half the amount ask
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.tuner.trial import TrialResult
 
+# Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
+PINNED_HOST_PER_GIB = 1.9
 OFFLOADED = re.compile(r"Total CPU offloaded parameters: ([\d.]+)")
 # A footprint drop below this share of the requested amount does not count as offloaded.
 MIN_DROP_SHARE = 0.5
@@ -70,3 +76,17 @@ def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | No
         out.update(verified=True, reason=f"logged {logged:.2f} GiB offloaded; weights {loaded:.2f} GiB on the "
                    f"GPU against {ref_gib:.2f} GiB without offload")
     return out
+
+
+def host_ram_problem(scenario: Scenario, flags: Mapping[str, FlagValue], available: int | None = None) -> str | None:
+    """Before a launch: would this offload pin more host RAM than is available now? (None: it fits.)"""
+    gb = float(flags.get("cpu-offload-gb") or 0)  # type: ignore[arg-type]
+    if gb <= 0 or scenario.engine.kind in ("sim", "sim-virtual"):
+        return None
+    tp = scenario.tensor_parallel_size()
+    need = gb * PINNED_HOST_PER_GIB * tp * (1 << 30)
+    free = available if available is not None else psutil.virtual_memory().available
+    if need <= free:
+        return None
+    return (f"--cpu-offload-gb {gb:g} pins about {need / 2**30:.1f} GiB of host RAM ({PINNED_HOST_PER_GIB}x per GPU "
+            f"x TP {tp}, vLLM #56410), but only {free / 2**30:.1f} GiB is available")

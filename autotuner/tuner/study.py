@@ -27,6 +27,7 @@ from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.trust import TRUST_KINDS
+from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import Space, build_space, flag_violation
 from autotuner.tuner.trial import GpusBusyError, TrialResult
@@ -316,7 +317,7 @@ class Tuner:
         self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
                                 "flags": flags, "kind": kind})
         merged = {**self.scenario.engine.flags, **flags}
-        violation = flag_violation(merged)
+        violation = flag_violation(merged) or host_ram_problem(self.scenario, merged)
         wall = self.wall.dominating(flags) if kind == "search" else None
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])

@@ -111,3 +111,13 @@ def test_offload_bound_leaves_room_for_the_pinned_copy() -> None:
     sc = scenario(**{"engine.model": "llama-2-13b", "engine.flags": {"tensor-parallel-size": 2}})
     # Half of 64 GiB available, ~1.9 GiB pinned per GiB offloaded on each of 2 GPUs: 8 GiB, not 16.
     assert offload_limit_gib(sc, host_bytes=64 << 30) == 8.0
+
+
+def test_an_offload_the_host_cannot_pin_is_not_launched() -> None:
+    from autotuner.trust.offload import host_ram_problem
+
+    sc = scenario(**{"engine.kind": "vllm", "engine.model": "some/model", "engine.flags": {"tensor-parallel-size": 2}})
+    assert host_ram_problem(sc, {OFFLOAD: 8}, available=40 << 30) is None  # 8 × 1.9 × 2 = 30.4 GiB fits
+    problem = host_ram_problem(sc, {OFFLOAD: 12}, available=40 << 30)  # 45.6 GiB does not
+    assert problem is not None and "45.6 GiB" in problem and "40.0 GiB is available" in problem
+    assert host_ram_problem(sc, {OFFLOAD: 0}, available=0) is None
