@@ -143,6 +143,7 @@ def test_tune_three_trials_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm
         assert f"Chunked prefill is enabled with max_num_batched_tokens={budget}." in log
 
 
+@pytest.mark.timeout(1800)  # four engine starts of ~30 s each on 2 idle cores, much more on a busy box
 def test_confirm_and_soak_on_the_real_engine(cpu_scenario, vllm_cpu, tmp_path: Path) -> None:
     """One search trial, two confirmation runs and a short soak of real vLLM; then export accepts it."""
     path = cpu_scenario()
