@@ -37,7 +37,7 @@ class ConfirmReport:
 
     @property
     def changed(self) -> bool:
-        return self.single_shot_best is not None and self.confirmed_best != self.single_shot_best
+        return None not in (self.single_shot_best, self.confirmed_best) and self.confirmed_best != self.single_shot_best
 
 
 def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
