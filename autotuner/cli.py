@@ -219,6 +219,10 @@ def tune(
                                           "(e.g. the study of the model you just replaced)"),
     log_format: str = typer.Option("auto", "--log-format", help=LOG_FORMAT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print the summary only (the log file has the rest)"),
+    confirm_plan: str = typer.Option("3x3", "--confirm", help="then re-measure the top K R times each (K×R); "
+                                     "0 skips confirmation and soak"),
+    soak_for: str = typer.Option("10m", "--soak", help="then soak the confirmed best under the worst workload "
+                                 "this long (engine time; 0 skips)"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
 
@@ -240,12 +244,14 @@ def tune(
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
         from autotuner.store.db import Store, storage_error
+        from autotuner.trust.commands import parse_confirm, run_after_tune
         from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
         from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner, parse_duration
         from autotuner.tuner.trial import GpusBusyError
 
         timeout_s = parse_duration(timeout) if timeout is not None else None
+        trust_plan, soak_s = parse_confirm(confirm_plan), parse_duration(soak_for) or 0.0
         build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
@@ -279,6 +285,11 @@ def tune(
         typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(1) from None
     _print_summary(summary, store.url)
+    if not summary.interrupted and summary.stopped_reason is None:  # type: ignore[attr-defined]
+        try:
+            run_after_tune(sc, store, summary.study_name, runner, logs, *trust_plan, soak_s)  # type: ignore[attr-defined]
+        except (UserInputError, GpusBusyError) as exc:
+            raise _fail(exc) from None
     raise typer.Exit(summary.exit_code)  # type: ignore[attr-defined]
 
 
@@ -353,6 +364,51 @@ DEFAULT_STORAGE = "sqlite:///autotuner.db"
 
 
 @app.command()
+def confirm(
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    top: int = typer.Option(3, "--top", help="candidates: the SLO-feasible Pareto front and its neighbours"),
+    repeats: int = typer.Option(3, "--repeats", help="runs of each candidate, interleaved A B C A B C"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Re-measure the best candidates; mean and 95 % interval per objective, worst memory peak."""
+    from autotuner.errors import UserInputError
+    from autotuner.trust.commands import run_confirm
+    from autotuner.tuner.trial import GpusBusyError
+
+    configure_logging()
+    try:
+        raise typer.Exit(run_confirm(storage, study, top, repeats, log_dir))
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def soak(
+    study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
+    set_: list[str] = typer.Option([], "--set", help="NAME=VALUE: soak these flags instead of the confirmed best"),
+    duration: str = typer.Option("10m", "--duration", help="how long, in engine time (e.g. 10m)"),
+    storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
+    log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
+) -> None:
+    """Run the confirmed best under the worst workload the scenario allows; the next one if it fails."""
+    from autotuner.engine.launch import parse_set
+    from autotuner.errors import UserInputError
+    from autotuner.trust.commands import run_soak
+    from autotuner.tuner.study import parse_duration
+    from autotuner.tuner.trial import GpusBusyError
+
+    configure_logging()
+    try:
+        seconds = parse_duration(duration) or 0.0
+        if seconds <= 0:
+            raise UserInputError("--duration must be > 0, e.g. 10m")
+        raise typer.Exit(run_soak(storage, study, seconds, parse_set(set_) if set_ else None, log_dir))
+    except (UserInputError, GpusBusyError) as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
 def status(
     study: str | None = typer.Argument(None, help="a study: list its trials"),
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
@@ -397,13 +453,15 @@ def export(
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
     force: bool = typer.Option(False, "--force", help="export even if this machine's GPUs or the model "
                                "differ from the study's"),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="export a winner that was not "
+                                          "confirmed and soaked (the certificate says so)"),
 ) -> None:
     """Export the chosen Pareto config as a deployment artefact, with its certificate."""
     from autotuner.errors import UserInputError
     from autotuner.export.exporter import run_export
 
     try:
-        raise typer.Exit(run_export(storage, study, slo, policy, fmt, output, force))
+        raise typer.Exit(run_export(storage, study, slo, policy, fmt, output, force, allow_unverified))
     except UserInputError as exc:
         raise _fail(exc) from None
 

@@ -80,6 +80,8 @@ class SimSettings(_Model):
     gpus: int | None = Field(default=None, ge=1)
     speedup: float = Field(default=10.0, gt=0)
     seed: int = 0
+    # Run-to-run coefficient of variation of the simulated engine (sim/noise.py); 0: deterministic.
+    noise: float = Field(default=0.03, ge=0, le=0.5)
 
 
 class EngineSettings(_Model):

@@ -108,7 +108,8 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
             "--served-model-name", engine.name, *flag_argv(flags)]
     if engine.kind == "sim":
         sim = engine.sim
-        argv += ["--sim-gpu", scenario.sim_gpu(), "--sim-speedup", str(sim.speedup), "--sim-seed", str(sim.seed)]
+        argv += ["--sim-gpu", scenario.sim_gpu(), "--sim-speedup", str(sim.speedup), "--sim-seed", str(sim.seed),
+                 "--sim-noise", str(sim.noise)]
         if sim.gpus is not None:
             argv += ["--sim-gpus", str(sim.gpus)]
     env = {**environ, **engine.resolved_env(environ)}

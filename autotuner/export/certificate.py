@@ -44,6 +44,56 @@ class BaselineComparison:
 
 
 @dataclass
+class Verification:
+    """What was verified before export: re-measurement, soak, offload, and under which noise."""
+
+    confirmation: dict[str, Any] | None  # runs, 95 % intervals, worst memory peak
+    soak: dict[str, Any] | None  # passed, duration, workload, peak, p99 TTFT/ITL, headroom per GPU
+    offload: dict[str, Any] | None  # None: no offload asked
+    simulator_noise: float | None  # run-to-run CV of the simulator the figures come from
+    unverified: list[str] = field(default_factory=list)  # what was missing, exported with --allow-unverified
+    single_shot_best: int | None = None  # when the confirmed choice differs from the single-shot one
+
+    def lines(self) -> list[str]:
+        out = []
+        c = self.confirmation
+        if c is None:
+            out.append("confirmed: no (single measurement)")
+        else:
+            iv = c["intervals"]
+            parts = [f"{name} {_interval(iv.get(metric), unit)}" for metric, name, unit in (
+                ("output_tokens_per_s", "output", "tok/s"), ("ttft_p95_s", "TTFT p95", "s"),
+                ("itl_p99_s", "ITL p99", "s")) if iv.get(metric)]
+            peak = c.get("worst_peak_fraction")
+            out.append(f"confirmed: {len(c['runs'])} re-measurements (trials {', '.join(map(str, c['runs']))}): "
+                       + "; ".join(parts) + f"; worst memory peak {percent(peak)}")
+        if self.single_shot_best is not None:
+            out.append(f"the single-shot best, trial {self.single_shot_best}, did not hold up when re-measured")
+        s = self.soak
+        if s is None:
+            out.append("soak: not run")
+        else:
+            room = min(s.get("headroom_gib") or [0.0])
+            out.append(f"soak: {'passed' if s['passed'] else 'FAILED'} (trial {s['trial']}), "
+                       f"{seconds(s.get('duration_s'))} of {s['workload']}; peak {percent(s.get('peak_fraction'))}, "
+                       f"least headroom {room:.2f} GiB, TTFT p99 {seconds(s.get('ttft_p99_s'))}, "
+                       f"ITL p99 {seconds(s.get('itl_p99_s'))}" + (f" — {s['reason']}" if s.get("reason") else ""))
+        if self.offload is not None:
+            state = {True: "verified", False: "NOT verified", None: "unchecked"}[self.offload.get("verified")]
+            out.append(f"offload: {state}: {self.offload.get('reason')}")
+        if self.simulator_noise is not None:
+            out.append(f"simulator noise: {self.simulator_noise:.1%} run-to-run (coefficient of variation)")
+        out += [f"UNVERIFIED (exported with --allow-unverified): missing {m}" for m in self.unverified]
+        return out
+
+
+def _interval(iv: dict[str, Any] | None, unit: str) -> str:
+    if not iv:
+        return "-"
+    return f"{iv['mean']:.4g} {unit} (95 % CI {iv['low']:.4g}–{iv['high']:.4g}, n={iv['n']})"
+
+
+@dataclass
 class Certificate:
     study: str
     trial: int
@@ -64,6 +114,7 @@ class Certificate:
     baseline: BaselineComparison | None
     simulator: str | None
     target: list[str] = field(default_factory=list)
+    verification: Verification | None = None
     autotuner_version: str = __version__
     foreign: str | None = None  # other processes' memory the trial was measured beside
 
@@ -97,16 +148,18 @@ class Certificate:
         ]
         if self.simulator:
             out.append(f"simulator: {self.simulator}")
+        if self.verification is not None:
+            out += self.verification.lines()
         out += [f"target: {note}" for note in self.target]
         out.append(f"autotuner {self.autotuner_version}")
         return out
 
 
-def build_certificate(selection: Selection, target: list[str]) -> Certificate:
+def build_certificate(selection: Selection, target: list[str], allow_unverified: bool = False) -> Certificate:
     study = selection.study
     chosen = selection.chosen
     key = study.record.key
-    return Certificate(
+    certificate = Certificate(
         study=study.name, trial=chosen.trial_number, kind=chosen.kind, policy=selection.policy,
         slos=[s.describe() + (" (scenario)" if s.source == "scenario" else "") for s in selection.analysis.slos],
         measured_at=dt.datetime.fromtimestamp(chosen.finished_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -116,7 +169,28 @@ def build_certificate(selection: Selection, target: list[str]) -> Certificate:
         model_fingerprint=key.model_fingerprint, workload_fingerprint=key.workload_fingerprint,
         workload=workload_text(study.scenario), baseline=_baseline(selection.baseline),
         simulator=simulator_note(study, chosen), target=list(target), foreign=foreign_line(chosen),
+        verification=verification(selection, allow_unverified),
     )
+    if selection.confirmation is not None:  # the claim is the re-measured mean, not the lucky shot
+        for metric, iv in selection.confirmation.intervals.items():
+            if metric in certificate.metrics:
+                certificate.metrics[metric] = iv.mean
+        certificate.peak_fraction = selection.confirmation.worst_peak_fraction
+    return certificate
+
+
+def verification(selection: Selection, allow_unverified: bool) -> Verification:
+    scenario = selection.study.scenario
+    c = selection.confirmation
+    return Verification(
+        confirmation=c.to_dict() if c is not None else None,
+        soak=selection.soak.to_dict() if selection.soak is not None else None,
+        offload=c.offload if c is not None and c.offload is not None else (
+            {"verified": None, "reason": "never checked"} if float(selection.chosen.flags.get("cpu-offload-gb") or 0)
+            else None),
+        simulator_noise=scenario.engine.sim.noise if selection.study.simulated else None,
+        unverified=list(selection.missing) if allow_unverified else [],
+        single_shot_best=selection.single_shot.trial_number if selection.single_shot is not None else None)
 
 
 def foreign_line(trial: TrialRecord) -> str | None:

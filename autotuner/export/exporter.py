@@ -18,7 +18,7 @@ STDOUT = "-"
 
 
 def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt: str, output: Path | None,
-               force: bool) -> int:
+               force: bool, allow_unverified: bool = False) -> int:
     """Exit code 0 on success; bad input raises UserInputError (the CLI prints it and exits 2), having
     written nothing."""
     # Everything the user typed is checked before the database is opened.
@@ -37,7 +37,14 @@ def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt
     target = check_target(selection.study, force)
     for warning in target.warnings:
         _say(f"warning: {warning}")
-    certificate = build_certificate(selection, target.notes)
+    if selection.missing and not allow_unverified:
+        raise UserInputError(f"trial {selection.chosen.trial_number} of study {selection.study.name} is not verified; "
+                             "missing: " + "; ".join(selection.missing)
+                             + ". Or export it anyway with --allow-unverified (the certificate will say so)")
+    if selection.single_shot is not None:
+        _say(f"note: the single-shot best, trial {selection.single_shot.trial_number}, did not hold up when "
+             f"re-measured; exporting the confirmed best, trial {selection.chosen.trial_number}")
+    certificate = build_certificate(selection, target.notes, allow_unverified)
     text = RENDERERS[fmt](deployment(selection, certificate))
 
     chosen = selection.chosen

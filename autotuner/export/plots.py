@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 from autotuner.export.select import THROUGHPUT, TTFT, Analysis
 from autotuner.export.units import GIB
 from autotuner.store.db import TrialRecord
+from autotuner.trust import TRUST_KINDS
+from autotuner.trust.summary import confirmations
 from autotuner.tuner.trial import threshold_of
 
 DPI = 110
@@ -54,7 +56,9 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     band.set_label("infeasible")
 
     # Trials that ran and were measured: feasible ones coloured by trial number, the rest hollow grey.
-    points = [(t, _measured(t, TTFT), _measured(t, THROUGHPUT)) for t in study.trials
+    # Confirmation and soak runs are evidence about a searched trial, drawn as its error bars.
+    searched = [t for t in study.trials if t.kind not in TRUST_KINDS]
+    points = [(t, _measured(t, TTFT), _measured(t, THROUGHPUT)) for t in searched
               if t.outcome == "ok" and t.state == "COMPLETE"]
     points = [(t, x, y) for t, x, y in points if x is not None and y is not None]
     good = [(t, x, y) for t, x, y in points if t.trial_number in candidates]
@@ -74,6 +78,15 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     if chosen is not None and _measured(chosen, TTFT) is not None:
         ax.scatter([_measured(chosen, TTFT)], [_measured(chosen, THROUGHPUT)], marker="*", s=260, color="gold",
                    edgecolors="black", zorder=5, label=f"knee: trial {chosen.trial_number}")
+    labelled = False
+    for c in confirmations(study.trials).values():
+        thr, ttft = c.intervals.get(THROUGHPUT), c.intervals.get(TTFT)
+        if thr is None or ttft is None:
+            continue
+        ax.errorbar([ttft.mean], [thr.mean], xerr=[[ttft.mean - ttft.low], [ttft.high - ttft.mean]],
+                    yerr=[[thr.mean - thr.low], [thr.high - thr.mean]], fmt="D", color="black", ms=4, capsize=3,
+                    lw=1, zorder=6, label=None if labelled else "confirmed: mean, 95 % CI")
+        labelled = True
     baseline = study.baseline
     if baseline is not None and _measured(baseline, TTFT) is not None and _measured(baseline, THROUGHPUT):
         ax.annotate(f"baseline #{baseline.trial_number}", (_measured(baseline, TTFT), _measured(baseline, THROUGHPUT)),
@@ -89,9 +102,9 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     ax.legend(fontsize=8, loc="best")
 
     # The band: trials that did not run to a measurement, by outcome.
-    failed = [t for t in study.trials if t.outcome != "ok"]
+    failed = [t for t in searched if t.outcome != "ok"]
     outcomes = sorted({t.outcome for t in failed})
-    numbers = [t.trial_number for t in study.trials]
+    numbers = [t.trial_number for t in searched] or [0]
     for row, outcome in enumerate(outcomes):
         xs = [t.trial_number for t in failed if t.outcome == outcome]
         band.scatter(xs, [row] * len(xs), marker="x", color="crimson" if "oom" in outcome else "0.35", s=36)

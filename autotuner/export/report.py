@@ -25,6 +25,7 @@ from autotuner.export.select import (
     Analysis,
     analyse,
     choose,
+    confirmed_ranking,
     load_study,
     outcome_counts,
     verdict,
@@ -32,6 +33,7 @@ from autotuner.export.select import (
 from autotuner.export.slo import scenario_slos
 from autotuner.export.units import change, flag_value, gib, percent, rate, seconds
 from autotuner.store.db import TrialRecord
+from autotuner.trust.summary import confirmations, last_soak, soaks
 
 POLICY = "knee"
 # Winner-against-baseline rows: (label, metric, how to show it).
@@ -51,7 +53,10 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
     if data.note:
         print(f"note: {data.note}", file=sys.stderr)
     analysis = analyse(data, scenario_slos(data.scenario.slos))
-    winner = choose(POLICY, analysis)
+    ranked = confirmed_ranking(POLICY, analysis, confirmations(data.trials), soaks(data.trials))
+    single_shot = choose(POLICY, analysis)
+    winner = (next(t for t in analysis.feasible if t.trial_number == ranked[0].trial_number) if ranked
+              else single_shot)
     # Imported here: matplotlib takes a second to load and only the report needs it.
     from autotuner.export.plots import memory_png, pareto_png
 
@@ -61,6 +66,17 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
     if shown is not None and shown.memory.get("peak_bytes"):
         memory = Image("memory.png", f"GPU memory of trial {shown.trial_number}", memory_png(analysis, shown))
     doc = build_document(analysis, winner, pareto, memory)
+    soak = last_soak(soaks(data.trials), winner.trial_number) if winner is not None else None
+    soak_trial = next((t for t in data.trials if soak is not None and t.trial_number == soak.trial), None)
+    soak_memory = None
+    if soak_trial is not None and soak_trial.memory.get("peak_bytes"):
+        soak_memory = Image("soak-memory.png", f"GPU memory during the soak (trial {soak_trial.trial_number})",
+                            memory_png(analysis, soak_trial))
+    section = verification_section(analysis, soak_memory)
+    if winner is not None and single_shot is not None and winner.trial_number != single_shot.trial_number:
+        section.blocks.insert(0, f"The single-shot best, trial {single_shot.trial_number}, was not the confirmed "
+                              f"best: trial {winner.trial_number} is recommended on its re-measured bounds.")
+    doc.sections.insert(3, section)
     with staged_dir(out_dir) as stage:
         (stage / "report.md").write_text(to_markdown(doc))
         (stage / "report.html").write_text(to_html(doc))
@@ -183,3 +199,40 @@ def _comparison(baseline: TrialRecord | None, winner: TrialRecord | None, fixed:
 
 def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def verification_section(analysis: Analysis, soak_memory: Image | None) -> Section:
+    """Confirmation intervals per re-measured trial, the soaks, and the winner's soak memory."""
+    trials = analysis.study.trials
+    confirmed = confirmations(trials)
+    soaked = soaks(trials)
+    blocks: list[str | Table | Image] = []
+    if not confirmed:
+        blocks.append("Nothing was re-measured: run `autotuner confirm` (export refuses an unconfirmed winner).")
+    else:
+        rows = []
+        for number, c in sorted(confirmed.items()):
+            thr, ttft = c.intervals.get("output_tokens_per_s"), c.intervals.get("ttft_p95_s")
+            last = last_soak(soaked, number)
+            soak_text = "-" if last is None else ("passed" if last.passed else f"failed: {_short(last.reason or '')}")
+            rows.append([str(number), str(len(c.runs)),
+                         f"{thr.mean:.1f} ± {thr.half_width:.1f}" if thr else "-",
+                         f"{ttft.mean:.3f} ± {ttft.half_width:.3f} s" if ttft else "-",
+                         percent(c.worst_peak_fraction), _short("; ".join(c.bad_runs)) or "-",
+                         "-" if c.offload is None else str(c.offload.get("verified")),
+                         soak_text])
+        blocks.append(Table(["trial", "runs", "output tok/s (95 % CI)", "TTFT p95 (95 % CI)", "worst peak",
+                             "failed runs", "offload verified", "soak"], rows))
+    soak_rows = [[str(v.trial), str(v.original), "passed" if v.passed else "FAILED", seconds(v.duration_s),
+                  v.workload, percent(v.peak_fraction), seconds(v.ttft_p99_s), seconds(v.itl_p99_s),
+                  f"{min(v.headroom_gib or [0]):.2f} GiB"]
+                 for vs in soaked.values() for v in vs]
+    if soak_rows:
+        blocks.append(Table(["soak trial", "of trial", "result", "duration", "workload", "peak", "TTFT p99",
+                             "ITL p99", "least headroom"], sorted(soak_rows, key=lambda r: int(r[0]))))
+    else:
+        blocks.append("No soak ran: run `autotuner soak`.")
+    if soak_memory is not None:
+        blocks.append(soak_memory)
+    return Section("Verification", blocks)
+

@@ -9,7 +9,7 @@ not read: the `at_*` rows hold everything the tuner measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -23,8 +23,10 @@ from autotuner.export.slo import Slo, combine
 from autotuner.scenario import Scenario
 from autotuner.secrets import display_url, redact
 from autotuner.store.db import Store, StudyRecord, TrialRecord, sqlalchemy_url
+from autotuner.trust import TRUST_KINDS
+from autotuner.trust.summary import Confirmation, SoakVerdict, confirmations, last_soak, soaks
 from autotuner.tuner import memory_margin
-from autotuner.tuner.study import constraints_of
+from autotuner.tuner.study import MAX_FAILED_SHARE, constraints_of
 from autotuner.tuner.trial import TrialResult, threshold_of
 
 Policy = Literal["max-throughput", "min-ttft", "knee"]
@@ -74,8 +76,12 @@ class Analysis:
 class Selection:
     analysis: Analysis
     policy: str
-    chosen: TrialRecord
+    chosen: TrialRecord  # with confirmed bounds in place of its single-shot metrics when confirmed
     baseline: TrialRecord | None
+    confirmation: Confirmation | None = None
+    soak: SoakVerdict | None = None
+    single_shot: TrialRecord | None = None  # the single-shot choice, when confirmation chose another
+    missing: list[str] = field(default_factory=list)  # verification the chosen trial lacks
 
     @property
     def study(self) -> StudyData:
@@ -182,7 +188,8 @@ def verdict(trial: TrialRecord, analysis: Analysis) -> str:
 
 def analyse(study: StudyData, slos: list[Slo]) -> Analysis:
     out = Analysis(study, slos)
-    out.feasible = [t for t in study.trials if infeasible_reason(t, study.scenario) is None]
+    search = [t for t in study.trials if t.kind not in TRUST_KINDS]  # re-measurements are evidence, not candidates
+    out.feasible = [t for t in search if infeasible_reason(t, study.scenario) is None]
     out.candidates = [t for t in out.feasible if not failing_slos(t, slos)]
     out.front = pareto_front(out.candidates, study.objectives)
     return out
@@ -249,10 +256,98 @@ def select(storage: str, study: str | None, slo: list[str], policy: str) -> Sele
     analysis = analyse(data, slos)
     if not analysis.feasible:
         raise UserInputError(_no_feasible(data))
-    chosen = choose(policy, analysis)
+    naive = choose(policy, analysis)
+    confirmed = confirmations(data.trials)
+    soaked = soaks(data.trials)
+    ranked = confirmed_ranking(policy, analysis, confirmed, soaked)
+    chosen = ranked[0] if ranked else naive
     if chosen is None:
         raise UserInputError(_no_slo(analysis))
-    return Selection(analysis, policy, chosen, data.baseline)
+    selection = Selection(analysis, policy, chosen, data.baseline, confirmed.get(chosen.trial_number),
+                          last_soak(soaked, chosen.trial_number))
+    if naive is not None and naive.trial_number != chosen.trial_number:
+        selection.single_shot = naive
+    selection.missing = missing_verification(selection)
+    return selection
+
+
+# --- confirmed choice --------------------------------------------------------------------------------
+
+def confirmed_bounds(trial: TrialRecord, confirmation: Confirmation) -> TrialRecord:
+    """The trial as its confirmation runs bound it: lower 95 % bound of throughputs, upper of
+    latencies, the worst memory peak of all its runs."""
+    metrics = {**trial.metrics, **confirmation.conservative()}
+    metrics["completed"], metrics["failed"] = confirmation.completed_requests, confirmation.failed_requests
+    memory = {**trial.memory, "peak_fraction": confirmation.worst_peak_fraction}
+    return replace(trial, result={**trial.result, "metrics": metrics, "memory": memory})
+
+
+def confirmation_problem(trial: TrialRecord, confirmation: Confirmation, scenario: Scenario,
+                         slos: list[Slo]) -> str | None:
+    """Why the confirmed trial is out (None when it stands)."""
+    if confirmation.bad_runs:
+        return "a confirmation run failed: " + confirmation.bad_runs[0]
+    if confirmation.offload_failed:
+        return "offload not verified: " + str((confirmation.offload or {}).get("reason"))
+    threshold = scenario.oom_threshold.fraction or 0.97
+    if confirmation.peak_bound is not None and confirmation.peak_bound >= threshold:
+        return (f"memory peak up to {confirmation.peak_bound:.1%} (worst seen {confirmation.worst_peak_fraction:.1%}, "
+                f"or its upper 95 % bound) ≥ threshold {threshold:.0%}")
+    total = confirmation.completed_requests + confirmation.failed_requests
+    if total and confirmation.failed_requests / total > MAX_FAILED_SHARE:
+        return f"{confirmation.failed_requests} requests failed over its confirmation runs"
+    missed = failing_slos(confirmed_bounds(trial, confirmation), slos)
+    if missed:
+        return "at its 95 % bound misses " + "; ".join(s.describe() for s in missed)
+    return None
+
+
+def confirmed_ranking(policy: str, analysis: Analysis, confirmed: dict[int, Confirmation],
+                      soaked: dict[int, list[SoakVerdict]]) -> list[TrialRecord]:
+    """Confirmed trials that stand (runs ok, bounds within the SLOs, worst peak under the threshold,
+    offload real, last soak not failed), best first by the policy applied to their bounds."""
+    pool = []
+    for t in analysis.feasible:
+        c = confirmed.get(t.trial_number)
+        if c is None or confirmation_problem(t, c, analysis.study.scenario, analysis.slos) is not None:
+            continue
+        soak = last_soak(soaked, t.trial_number)
+        if soak is not None and not soak.passed:
+            continue
+        pool.append(confirmed_bounds(t, c))
+    ranked: list[TrialRecord] = []
+    while pool:
+        part = Analysis(analysis.study, analysis.slos, pool, pool, pareto_front(pool, analysis.study.objectives))
+        pick = choose(policy, part)
+        assert pick is not None
+        ranked.append(pick)
+        pool = [t for t in pool if t is not pick]
+    return ranked
+
+
+def missing_verification(selection: Selection) -> list[str]:
+    """What the chosen trial lacks before it can be called safe, each with the command that adds it."""
+    name = selection.study.name
+    chosen = selection.chosen
+    out = []
+    c = selection.confirmation
+    if c is None:
+        out.append(f"confirmation (re-measured runs): run `autotuner confirm --study {name}`")
+    else:
+        problem = confirmation_problem(chosen, c, selection.study.scenario, selection.analysis.slos)
+        if problem:
+            out.append(f"a confirmation that holds ({problem}): tune further or run "
+                       f"`autotuner confirm --study {name}`")
+    if selection.soak is None:
+        out.append(f"a soak under the worst workload: run `autotuner soak --study {name}`")
+    elif not selection.soak.passed:
+        out.append(f"a passed soak (trial {selection.soak.trial}: {selection.soak.reason}): "
+                   f"run `autotuner soak --study {name}` for the next candidate")
+    offload = float(chosen.flags.get("cpu-offload-gb") or 0)
+    if offload > 0 and (c is None or c.offload is None or c.offload.get("verified") is not True):
+        out.append(f"evidence that --cpu-offload-gb {offload:g} really offloaded: run "
+                   f"`autotuner confirm --study {name}`")
+    return out
 
 
 # --- messages ----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import yaml
 from autotuner.errors import HardwareSpecError, ModelSpecError
 from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
 from autotuner.sim.models import ModelSpec, load_model
+from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
 from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, VllmRuleError, knowledge_for
 
 VLLM_VERSION = SIMULATED_VERSION
@@ -41,6 +42,9 @@ class SimOptions:
     num_gpus: int
     speedup: float
     seed: int
+    noise: float = DEFAULT_NOISE
+    run: int | None = None  # None: the server counts its launches (sim/noise.py)
+    ignore_cpu_offload: bool = False  # behave like vLLM builds that silently drop --cpu-offload-gb
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class EngineConfig:
 
     @property
     def offload_bytes(self) -> int:
+        if self.sim.ignore_cpu_offload:
+            return 0
         return min(int(self.cpu_offload_gb * GIB), self.model.weight_bytes // self.tensor_parallel_size)
 
 
@@ -111,6 +117,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-gpus", type=int, help="GPUs in the simulated box (default: the TP size)")
     sim.add_argument("--sim-speedup", type=float, default=DEFAULT_SPEEDUP, help="simulated time / wall time")
     sim.add_argument("--sim-seed", type=int, default=0)
+    sim.add_argument("--sim-noise", type=float, default=DEFAULT_NOISE,
+                     help="run-to-run coefficient of variation (0: deterministic)")
+    sim.add_argument("--sim-run", type=int, help="which run of this seed (default: counted per launch)")
+    sim.add_argument("--sim-ignore-cpu-offload", action="store_true", help=argparse.SUPPRESS)
 
 
 def new_parser(prog: str = "vllm", conflict_handler: str = "error") -> argparse.ArgumentParser:
@@ -187,6 +197,8 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
     num_gpus = ns.sim_gpus if ns.sim_gpus is not None else max(tp, 1)
     if num_gpus < 1 or ns.sim_speedup <= 0:
         raise HardwareSpecError("--sim-gpus must be ≥ 1 and --sim-speedup > 0")
+    if not 0 <= ns.sim_noise <= 0.5 or (ns.sim_run is not None and ns.sim_run < 0):
+        raise HardwareSpecError("--sim-noise must be within 0..0.5 (0.03 = 3 % run-to-run) and --sim-run ≥ 0")
     gpu_indices = _visible_gpus(env, num_gpus)
     platform = Platform(gpu.product_name, gpu.memory_gib, len(gpu_indices))
     limits = ModelLimits(model.num_heads, model.max_position_embeddings, model.derived_max_model_len)
@@ -213,7 +225,8 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
         block_size=serve.block_size,
         enforce_eager=bool(ns.enforce_eager),
         kv_cache_dtype=ns.kv_cache_dtype or "auto",
-        sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed),
+        sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed,
+                       noise=ns.sim_noise, run=ns.sim_run, ignore_cpu_offload=ns.sim_ignore_cpu_offload),
         host=ns.host,
         port=ns.port,
         api_key=api_key,

@@ -18,6 +18,7 @@ from autotuner.sim.memory import (
     runtime_step_bytes,
     sampler_bytes,
 )
+from autotuner.sim.noise import RunNoise
 from autotuner.sim.roofline import Roofline, StepShape
 
 
@@ -98,6 +99,7 @@ class EngineCore:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._sampler_per_row = sampler_bytes(config, 1)
+        self.noise = RunNoise.draw(config.sim.noise, config.sim.seed, config.sim.run or 0)
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
@@ -127,8 +129,8 @@ class EngineCore:
     def step(self, now: float) -> StepResult:
         scheduled, preempted = self._schedule(now)
         shape, transient = self._shape(scheduled)
-        duration = self.roofline.step_seconds(shape)
-        oom = self._charge_memory(transient, len(scheduled))
+        duration = self.noise.step_seconds(self.roofline.step_seconds(shape))
+        oom = self._charge_memory(self.noise.transient(transient), len(scheduled))
         if oom is not None:
             self.dead = True
             return StepResult(now, duration, shape.num_tokens, len(scheduled), [], [], preempted, oom)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from autotuner.sim.core import EngineCore, SimRequest, StepResult
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 from autotuner.sim.memory import CUDA_CONTEXT_BYTES, MemoryPlan, StartupError, gib, plan_startup
 from autotuner.sim.metrics import EngineMetrics
+from autotuner.sim.noise import RunNoise, next_run
 from autotuner.sim.vllm_log import VllmLog
 from autotuner.sim.workers import SimWorkerError, WorkerPool
 
@@ -289,7 +291,8 @@ def build_app(config: EngineConfig, engine: SimEngine, started: float) -> Starle
     async def version(request: Request) -> Response:
         sim = config.sim
         return JSONResponse({"version": VLLM_VERSION, "simulator": {
-            "speedup": sim.speedup, "gpu": sim.gpu.name, "gpus": sim.num_gpus, "seed": sim.seed}})
+            "speedup": sim.speedup, "gpu": sim.gpu.name, "gpus": sim.num_gpus, "seed": sim.seed,
+            "noise": sim.noise, "run": sim.run}})
 
     async def models(request: Request) -> Response:
         if (denied := check_auth(request)) is not None:
@@ -552,6 +555,9 @@ async def _main(config: EngineConfig, log: VllmLog) -> int:
         loop.add_signal_handler(sig, on_signal)
 
     state_dir = state_dir_from_env()
+    if config.sim.run is None:
+        run = next_run(state_dir, config.sim.seed)
+        config = dataclasses.replace(config, sim=dataclasses.replace(config.sim, run=run))
     host = GpuHost(state_dir)
     gpu = config.sim.gpu
     try:
@@ -562,7 +568,8 @@ async def _main(config: EngineConfig, log: VllmLog) -> int:
     others = [host.used_bytes(i) for i in config.gpu_indices]
     log.api(f"vLLM API server version {VLLM_VERSION}", where="api_server.py:1839")
     log.api(f"Simulated GPUs: {config.sim.num_gpus}x {gpu.product_name} ({gpu.memory_gib} GiB), "
-            f"speed-up {config.sim.speedup:g}, seed {config.sim.seed}", where="sim")
+            f"speed-up {config.sim.speedup:g}, seed {config.sim.seed}, run {config.sim.run}, noise "
+            f"{RunNoise.draw(config.sim.noise, config.sim.seed, config.sim.run or 0).describe()}", where="sim")
     log.api(f"Using max model len {config.max_model_len}", where="model.py:1520")
     if config.enable_chunked_prefill:
         log.api(f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.",

@@ -109,13 +109,16 @@ def engine_version(scenario: Scenario) -> str:
 class VirtualRunner(TrialRunner):
     """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, first_run: int = 0) -> None:
         if scenario.workload.requests.kind != "synthetic":
             raise ScenarioError(f"{scenario.source or 'scenario'}: engine.kind sim-virtual takes synthetic "
                                 "workloads only (token counts, no text); replay a trace with kind sim or vllm")
         self.scenario = scenario
         self.threshold = threshold_of(scenario)
         self._requests_cache: dict[int, list[EvalRequest]] = {}
+        # Each evaluation is another run of the simulated engine (another noise draw), like each
+        # engine launch on a real box; `first_run` lets a caller start on fresh draws.
+        self.runs = first_run
 
     def study_key(self) -> StudyKey:
         return StudyKey(model_fingerprint(self.scenario), _sim_inventory(self.scenario),
@@ -124,7 +127,8 @@ class VirtualRunner(TrialRunner):
     def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
         sim = self.scenario.engine.sim
         argv = [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
-                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed)]
+                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed), "--sim-noise", str(sim.noise),
+                "--sim-run", str(self.runs)]
         if sim.gpus:
             argv += ["--sim-gpus", str(sim.gpus)]
         return argv
@@ -152,6 +156,7 @@ class VirtualRunner(TrialRunner):
 
     def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:
         argv = self._argv(flags)
+        self.runs += 1
         merged = {**self.scenario.engine.flags, **flags}
         result = TrialResult(oc.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
@@ -164,7 +169,10 @@ class VirtualRunner(TrialRunner):
         ev = evaluate(config, reqs, concurrency)
         result.engine = {"version": f"{VLLM_VERSION} (simulated)", "kv_cache_tokens": ev.kv_cache_tokens,
                          "preemptions": ev.preemptions, "kv_cache_usage_max": None,
-                         "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None}
+                         "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None,
+                         "model_load_gib": ev.startup.get("weights_gib"),
+                         "offloaded_gib": ev.startup.get("offloaded_gib"),
+                         "sim_noise": config.sim.noise, "sim_run": config.sim.run}
         if ev.outcome == "startup-failed":
             result.outcome, result.reason = oc.STARTUP_FAILED, ev.reason
             return result
@@ -175,7 +183,7 @@ class VirtualRunner(TrialRunner):
                          "devices": list(config.gpu_indices), "timeline": []}
         result.metrics = {k: ev.metrics.get(k) for k in (
             "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
-            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed")}
+            "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed", "duration_s")}
         limit = self.threshold.limit_bytes(total)
         if ev.outcome == "oom":
             result.outcome, result.reason = oc.OOM_CRASH, ev.reason

@@ -26,6 +26,8 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
+from autotuner.trust import TRUST_KINDS
+from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.runner import TrialRunner
@@ -323,7 +325,7 @@ class Tuner:
         self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
                                 "flags": flags, "kind": kind})
         merged = {**self.scenario.engine.flags, **flags}
-        violation = self.rules.violation(merged)
+        violation = self.rules.violation(merged) or host_ram_problem(self.scenario, merged)
         wall = self.wall.dominating(flags) if kind == "search" else None
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])
@@ -490,7 +492,7 @@ def _machine_fault(result: TrialResult) -> str | None:
 def launched_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Completed trials that ran an engine: what the budget counts."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("launched", True)]
+            if t.user_attrs.get("launched", True) and t.user_attrs.get("kind") not in TRUST_KINDS]
 
 
 def parse_duration(text: str | None) -> float | None:

@@ -18,7 +18,7 @@ POLICY = "max-throughput"
 
 
 def export(study: StudyDb, fmt: str, out: Path, slo: list[str] | None = None) -> str:
-    assert run_export(study.storage, None, slo or [], POLICY, fmt, out, force=False) == 0
+    assert run_export(study.storage, None, slo or [], POLICY, fmt, out, force=False, allow_unverified=True) == 0
     return out.read_text()
 
 
@@ -152,17 +152,17 @@ def test_certificate_comment_block(study_db: StudyDb, tmp_path: Path) -> None:
 
 
 def test_stdout(study_db: StudyDb, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_export(study_db.storage, None, [], "knee", "cmd", Path("-"), force=False) == 0
+    assert run_export(study_db.storage, None, [], "knee", "cmd", Path("-"), force=False, allow_unverified=True) == 0
     out, err = capsys.readouterr()
     assert "vllm serve llama-2-13b" in out and "wrote" not in err
-    assert run_export(study_db.storage, None, [], "knee", "json", None, force=False) == 0
+    assert run_export(study_db.storage, None, [], "knee", "json", None, force=False, allow_unverified=True) == 0
     assert json.loads(capsys.readouterr().out)["certificate"]["policy"] == "knee"
 
 
 def test_refusal_writes_nothing(study_db: StudyDb, tmp_path: Path) -> None:
     out = tmp_path / "vllm.yaml"
     with pytest.raises(UserInputError, match="meets every SLO"):
-        run_export(study_db.storage, None, ["ttft_p95<=1ms"], POLICY, "yaml", out, force=False)
+        run_export(study_db.storage, None, ["ttft_p95<=1ms"], POLICY, "yaml", out, force=False, allow_unverified=True)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -181,7 +181,7 @@ def test_replaces_atomically(study_db: StudyDb, tmp_path: Path) -> None:
 ])
 def test_bad_arguments(study_db: StudyDb, tmp_path: Path, fmt: str, output: str | None, says: str) -> None:
     with pytest.raises(UserInputError, match=says):
-        run_export(study_db.storage, None, [], POLICY, fmt, None if output is None else tmp_path / output, False)
+        run_export(study_db.storage, None, [], POLICY, fmt, None if output is None else tmp_path / output, False, True)
 
 
 def test_export_of_an_empty_storage(tmp_path: Path) -> None:
@@ -189,10 +189,10 @@ def test_export_of_an_empty_storage(tmp_path: Path) -> None:
 
     Store(str(tmp_path / "empty.db"))
     with pytest.raises(UserInputError, match="holds no study"):
-        run_export(str(tmp_path / "empty.db"), None, [], POLICY, "yaml", tmp_path / "x.yaml", False)
+        run_export(str(tmp_path / "empty.db"), None, [], POLICY, "yaml", tmp_path / "x.yaml", False, True)
     assert not (tmp_path / "x.yaml").exists()
 
 
 def test_export_of_an_unknown_study(study_db: StudyDb) -> None:
     with pytest.raises(UserInputError, match="study 'other' is not in"):
-        run_export(study_db.storage, "other", [], POLICY, "cmd", None, False)
+        run_export(study_db.storage, "other", [], POLICY, "cmd", None, False, True)

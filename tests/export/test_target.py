@@ -23,7 +23,7 @@ def certificate(path: Path) -> dict[str, object]:
 def test_same_gpus(make_study: MakeStudy, fake_nvml: FakeGpus, tmp_path: Path) -> None:
     fake_nvml(*RTX_3090, 2)
     study = make_study()
-    assert run_export(study.storage, None, [], "knee", "json", tmp_path / "w.json", force=False) == 0
+    assert run_export(study.storage, None, [], "knee", "json", tmp_path / "w.json", False, True) == 0
     notes = certificate(tmp_path / "w.json")["target"]
     assert "GPUs: 2× NVIDIA GeForce RTX 3090 (23.69 GiB), as in the study key" in notes  # type: ignore[operator]
 
@@ -34,12 +34,12 @@ def test_other_gpus_refuse_unless_forced(make_study: MakeStudy, fake_nvml: FakeG
     study = make_study()
     out = tmp_path / "w.json"
     with pytest.raises(UserInputError) as err:
-        run_export(study.storage, None, [], "knee", "json", out, force=False)
+        run_export(study.storage, None, [], "knee", "json", out, force=False, allow_unverified=True)
     message = str(err.value)
     assert "2× NVIDIA A100-SXM4-80GB (80.00 GiB)" in message and "2× NVIDIA GeForce RTX 3090 (23.69 GiB)" in message
     assert "--force" in message
     assert not out.exists()
-    assert run_export(study.storage, None, [], "knee", "json", out, force=True) == 0
+    assert run_export(study.storage, None, [], "knee", "json", out, force=True, allow_unverified=True) == 0
     assert any("exported with --force" in note for note in certificate(out)["target"])  # type: ignore[union-attr]
     assert "warning: --force" in capsys.readouterr().err
 
@@ -47,7 +47,7 @@ def test_other_gpus_refuse_unless_forced(make_study: MakeStudy, fake_nvml: FakeG
 def test_pinned_gpus_are_compared(make_study: MakeStudy, fake_nvml: FakeGpus, tmp_path: Path) -> None:
     fake_nvml(*RTX_3090, 4)
     study = make_study(engine={"gpus": [1, 3]})  # the key holds the two GPUs the study ran on
-    assert run_export(study.storage, None, [], "knee", "compose", tmp_path / "c.yaml", force=False) == 0
+    assert run_export(study.storage, None, [], "knee", "compose", tmp_path / "c.yaml", False, True) == 0
     assert "device_ids:\n            - '1'\n            - '3'" in (tmp_path / "c.yaml").read_text()
 
 
@@ -58,7 +58,7 @@ def test_no_nvml_warns_and_exports(make_study: MakeStudy, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(factory, "open_monitor", unavailable)
     study = make_study()
-    assert run_export(study.storage, None, [], "knee", "yaml", tmp_path / "v.yaml", force=False) == 0
+    assert run_export(study.storage, None, [], "knee", "yaml", tmp_path / "v.yaml", False, True) == 0
     assert "warning: GPU check skipped, NVML is unavailable here" in capsys.readouterr().err
 
 
@@ -67,7 +67,7 @@ def test_simulated_study_needs_no_gpu(study_db: StudyDb, monkeypatch: pytest.Mon
         raise AssertionError("a simulated study is compared with its own simulated inventory")
 
     monkeypatch.setattr(factory, "open_monitor", must_not_be_called)
-    assert run_export(study_db.storage, None, [], "knee", "json", tmp_path / "w.json", force=False) == 0
+    assert run_export(study_db.storage, None, [], "knee", "json", tmp_path / "w.json", False, True) == 0
     assert any("simulated" in note for note in certificate(tmp_path / "w.json")["target"])  # type: ignore[union-attr]
 
 
@@ -80,15 +80,15 @@ def test_changed_model_refuses(make_study: MakeStudy, fake_nvml: FakeGpus, tmp_p
     fingerprint = model_fingerprint(Scenario.model_validate(base.model_dump(mode="json")))
     study = make_study(engine={"model": str(model)}, key=key_for(base, fingerprint=fingerprint))
     out = tmp_path / "v.yaml"
-    assert run_export(study.storage, None, [], "knee", "yaml", out, force=False) == 0
+    assert run_export(study.storage, None, [], "knee", "yaml", out, False, True) == 0
     assert f"fingerprint {fingerprint} recomputed" in out.read_text()
 
     (model / "config.json").write_text(json.dumps({"hidden_size": 5120, "num_hidden_layers": 80}))
     out.unlink()
     with pytest.raises(UserInputError, match=r"the model in .* changed since the study .* Re-tune"):
-        run_export(study.storage, None, [], "knee", "yaml", out, force=False)
+        run_export(study.storage, None, [], "knee", "yaml", out, force=False, allow_unverified=True)
     assert not out.exists()
-    assert run_export(study.storage, None, [], "knee", "yaml", out, force=True) == 0
+    assert run_export(study.storage, None, [], "knee", "yaml", out, force=True, allow_unverified=True) == 0
     assert "exported with --force although the model" in out.read_text()
 
 
@@ -96,5 +96,5 @@ def test_absent_model_directory_warns(make_study: MakeStudy, fake_nvml: FakeGpus
                                       capsys: pytest.CaptureFixture[str]) -> None:
     fake_nvml(*RTX_3090, 2)
     study = make_study(engine={"model": str(tmp_path / "gone")})
-    assert run_export(study.storage, None, [], "knee", "cmd", None, force=False) == 0
+    assert run_export(study.storage, None, [], "knee", "cmd", None, False, True) == 0
     assert "is not here: its fingerprint was not checked" in capsys.readouterr().err

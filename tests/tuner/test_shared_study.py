@@ -31,7 +31,7 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_two_workers_share_one_study(postgres: str, tmp_path: Path) -> None:
     path = quickstart(tmp_path)
     cmd = [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", postgres, "--study", "shared",
-           "--trials", "16"]
+           "--trials", "16", "--confirm", "0"]
     workers = [subprocess.Popen([*cmd, "--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for i in range(2)]
     outs = [w.communicate(timeout=300) for w in workers]

@@ -91,7 +91,8 @@ def test_flag_rules_are_checked_before_launch(tmp_path: Path) -> None:
 
 
 def tune_cmd(path: Path, db: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", str(db), *extra]
+    # --confirm 0: these tests are about the search loop; tests/trust covers what follows it.
+    return [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", str(db), "--confirm", "0", *extra]
 
 
 @pytest.fixture

@@ -1,0 +1,149 @@
+"""`autotuner confirm`, `autotuner soak` and the trust phase at the end of `autotuner tune`: wiring and
+what is printed. Bad input raises UserInputError (the CLI prints it, exit code 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+
+from autotuner.errors import UserInputError
+from autotuner.export.select import load_study, open_store
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.store.db import Store
+from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
+from autotuner.trust.context import TrustContext
+from autotuner.trust.soak import SoakReport, soak
+from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+
+T = TypeVar("T")
+# Virtual-time runs of a later command start on fresh noise draws, past any the search used.
+FRESH_RUNS = 100_000
+
+
+def parse_confirm(text: str) -> tuple[int, int]:
+    """`3x3` / `3×3` (top K × repeats R); `0` skips confirmation (and so the soak)."""
+    if text.strip() == "0":
+        return 0, 0
+    m = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\d+)\s*", text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 2:
+        raise UserInputError(f"--confirm {text!r}: expected K×R such as 3x3 (K ≥ 1 candidates, R ≥ 2 repeats), "
+                             "or 0 to skip")
+    return int(m.group(1)), int(m.group(2))
+
+
+def runner_factory(log_dir: Path, first_run: int = 0) -> Callable[[Scenario], TrialRunner]:
+    def make(scenario: Scenario) -> TrialRunner:
+        if scenario.engine.kind == "sim-virtual":
+            return VirtualRunner(scenario, first_run=first_run)
+        return MeasureRunner(scenario, log_dir)
+    return make
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    async def main() -> T:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        return await task
+    return asyncio.run(main())
+
+
+def context(storage: str, study: str | None, log_dir: Path | None) -> TrustContext:
+    from autotuner.engine.registry import autotuner_home
+
+    data = load_study(storage, study)
+    store = open_store(storage)
+    logs = log_dir or autotuner_home() / "logs" / data.scenario.name
+    make = runner_factory(logs, FRESH_RUNS + len(data.trials))
+    return TrustContext(store, data.name, make(data.scenario), data.scenario, make)
+
+
+def print_confirm(report: ConfirmReport) -> None:
+    if not report.candidates:
+        typer.echo(f"study {report.study}: no SLO-feasible trial to confirm")
+        return
+    typer.echo(f"study {report.study}: {report.runs} confirmation runs of trials "
+               f"{', '.join(map(str, report.candidates))} (interleaved)")
+    for number in report.candidates:
+        c = report.summaries.get(number)
+        if c is None:
+            continue
+        parts = [f"{m} {iv.describe()}" for m, iv in c.intervals.items()
+                 if m in ("output_tokens_per_s", "ttft_p95_s", "itl_p99_s")]
+        peak = "-" if c.worst_peak_fraction is None else f"{c.worst_peak_fraction:.1%}"
+        typer.echo(f"  trial {number}: " + "; ".join(parts) + f"; worst memory peak {peak}"
+                   + (f"; {len(c.bad_runs)} run(s) failed: {c.bad_runs[0]}" if c.bad_runs else "")
+                   + (f"; offload: {c.offload.get('reason')}" if c.offload else ""))
+    if report.changed:
+        typer.echo(f"the single-shot best (trial {report.single_shot_best}) was not the confirmed best "
+                   f"(trial {report.confirmed_best})")
+    elif report.confirmed_best is not None:
+        typer.echo(f"confirmed best: trial {report.confirmed_best}")
+    else:
+        typer.echo("no candidate held up when re-measured: nothing confirmed")
+
+
+def print_soak(report: SoakReport) -> None:
+    for v in report.verdicts:
+        head = f"soak of trial {v.original} (trial {v.trial}): {'passed' if v.passed else 'FAILED'}"
+        duration = "-" if v.duration_s is None else f"{v.duration_s:.0f} s"
+        room = ", ".join(f"GPU {i} {h:.2f} GiB" for i, h in enumerate(v.headroom_gib)) or "-"
+        p99 = (f"TTFT p99 {v.ttft_p99_s:.3f} s" if v.ttft_p99_s is not None else "TTFT p99 -") + \
+            (f", ITL p99 {v.itl_p99_s * 1000:.1f} ms" if v.itl_p99_s is not None else ", ITL p99 -")
+        typer.echo(f"{head} — {v.workload}; {duration}; {p99}; headroom {room}"
+                   + (f"; {v.reason}" if v.reason else ""))
+    if not report.verdicts:
+        typer.echo("nothing soaked")
+    elif report.passed is None:
+        typer.echo("no candidate survived the soak: export will refuse; tune with a wider space or a lower "
+                   "memory threshold")
+
+
+def run_confirm(storage: str, study: str | None, top: int, repeats: int, log_dir: Path | None) -> int:
+    if top < 1 or repeats < 2:
+        raise UserInputError("--top must be ≥ 1 and --repeats ≥ 2 (one repeat gives no interval)")
+    ctx = context(storage, study, log_dir)
+    print_confirm(_run(confirm(ctx, top, repeats)))
+    return 0
+
+
+def run_soak(storage: str, study: str | None, duration_s: float, flags: dict[str, FlagValue] | None,
+             log_dir: Path | None) -> int:
+    ctx = context(storage, study, log_dir)
+    report = _run(soak(ctx, duration_s, flags))
+    print_soak(report)
+    return 0 if report.passed is not None else 1
+
+
+async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: TrialRunner,
+                     runner_for: Callable[[Scenario], TrialRunner], top: int, repeats: int, duration_s: float,
+                     on_event: Any = None) -> tuple[ConfirmReport | None, SoakReport | None]:
+    """The trust phase of `tune`: confirm the top K R times, then soak the confirmed best."""
+    if top == 0:
+        return None, None
+    ctx = TrustContext(store, study_name, runner, scenario, runner_for, on_event or (lambda _k, _d: None))
+    confirmed = await confirm(ctx, top, repeats)
+    if confirmed.confirmed_best is None or duration_s <= 0:
+        return confirmed, None
+    return confirmed, await soak(ctx, duration_s)
+
+
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP", "after_tune", "parse_confirm", "run_confirm", "run_soak"]
+
+
+def run_after_tune(scenario: Scenario, store: Store, study_name: str, runner: TrialRunner, log_dir: Path,
+                   top: int, repeats: int, duration_s: float) -> int:
+    make = runner_factory(log_dir, FRESH_RUNS)
+    confirmed, soaked = _run(after_tune(scenario, store, study_name, runner, make, top, repeats, duration_s))
+    if confirmed is not None:
+        print_confirm(confirmed)
+    if soaked is not None:
+        print_soak(soaked)
+    return 0

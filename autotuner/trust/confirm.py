@@ -1,0 +1,119 @@
+"""Confirmation: re-measure the best candidates before calling one best.
+
+The top K (the SLO-feasible Pareto front, then the feasible trials nearest to it) are measured R more
+times each, interleaved A B C A B C … so that drift of the box hits all alike. Each run is a trial of
+kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
+`export.select` ranks by their bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from autotuner.export.select import Analysis, analyse, choose, confirmed_ranking
+from autotuner.export.slo import combine
+from autotuner.store.db import TrialRecord
+from autotuner.trust import offload
+from autotuner.trust.context import TrustContext
+from autotuner.trust.record import record
+from autotuner.trust.summary import Confirmation, confirmations, soaks
+
+log = structlog.get_logger(__name__)
+DEFAULT_TOP, DEFAULT_REPEATS = 3, 3
+
+
+@dataclass
+class ConfirmReport:
+    study: str
+    candidates: list[int]
+    runs: int
+    summaries: dict[int, Confirmation] = field(default_factory=dict)
+    single_shot_best: int | None = None
+    confirmed_best: int | None = None
+
+    @property
+    def changed(self) -> bool:
+        return None not in (self.single_shot_best, self.confirmed_best) and self.confirmed_best != self.single_shot_best
+
+
+def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
+    """The SLO-feasible Pareto front (best first by the knee), then its nearest feasible neighbours,
+    up to `top`; one trial per distinct configuration."""
+    objectives = analysis.study.objectives
+    front = list(analysis.front)
+    ordered: list[TrialRecord] = []
+    while front:
+        part = Analysis(analysis.study, analysis.slos, front, front, front)
+        best = choose("knee", part)
+        assert best is not None
+        ordered.append(best)
+        front = [t for t in front if t is not best]
+    rest = [t for t in analysis.candidates if t not in ordered]
+    scale = {m: max((abs(float(t.metrics.get(m) or 0)) for t in analysis.candidates), default=1.0) or 1.0
+             for m, _ in objectives}
+
+    def distance(t: TrialRecord) -> float:
+        return min((math.dist([float(t.metrics.get(m) or 0) / scale[m] for m, _ in objectives],
+                              [float(f.metrics.get(m) or 0) / scale[m] for m, _ in objectives])
+                    for f in ordered), default=0.0)
+
+    ordered += sorted(rest, key=lambda t: (distance(t), t.trial_number))
+    out: list[TrialRecord] = []
+    seen: set[str] = set()
+    for t in ordered:
+        key = repr(sorted(t.flags.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out[:top]
+
+
+async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFAULT_REPEATS,
+                  policy: str = "knee") -> ConfirmReport:
+    data = ctx.data()
+    analysis = analyse(data, combine(data.scenario.slos, []))
+    candidates = pick(analysis, top)
+    report = ConfirmReport(ctx.study_name, [t.trial_number for t in candidates], 0)
+    if not candidates:
+        log.warning("confirm.nothing", study=ctx.study_name, reason="no SLO-feasible trial to confirm")
+        return report
+    study = ctx.study()
+    naive = choose(policy, analysis)
+    report.single_shot_best = naive.trial_number if naive is not None else None
+    log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, repeats=repeats)
+    for rep in range(repeats):
+        for t in candidates:  # interleaved: A B C A B C …
+            params = ctx.space.clamp(t.flags)
+            ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1,
+                                   "budget": repeats * len(candidates), "flags": ctx.space.to_flags(params),
+                                   "kind": "confirm"})
+            started = time.time()
+            result = await ctx.runner.run(ctx.space.to_flags(params))
+            extra = {}
+            check = offload.check(result, data.trials)
+            if check is not None:
+                extra["offload"] = check
+            number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
+                            params=params, result=result, started=started, extra=extra)
+            report.runs += 1
+            log.info("confirm.run", study=ctx.study_name, number=number, confirms=t.trial_number, repeat=rep + 1,
+                     outcome=result.outcome, **{m: result.metrics.get(m) for m, _ in data.objectives},
+                     peak_fraction=result.memory.get("peak_fraction"), offload=check and check.get("verified"))
+            ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
+                                      "reason": result.reason, "flags": result.flags,
+                                      "feasible": result.outcome == "ok",
+                                      "values": [result.metrics.get(m) for m, _ in data.objectives]})
+    data = ctx.data()
+    report.summaries = {n: c for n, c in confirmations(data.trials).items() if n in report.candidates}
+    ranked = confirmed_ranking(policy, analyse(data, analysis.slos), confirmations(data.trials), soaks(data.trials))
+    report.confirmed_best = ranked[0].trial_number if ranked else None
+    if report.changed:
+        log.warning("confirm.best_changed", study=ctx.study_name, single_shot_best=report.single_shot_best,
+                    confirmed_best=report.confirmed_best,
+                    note="the single-shot best did not hold up when re-measured")
+    log.info("confirm.finished", study=ctx.study_name, runs=report.runs, confirmed_best=report.confirmed_best)
+    return report

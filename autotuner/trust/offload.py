@@ -1,0 +1,92 @@
+"""Did `--cpu-offload-gb` really offload? Some vLLM builds accept the flag and ignore it (vLLM #51396:
+the V2 model runner before 0.29), and such a trial looks like memory saved for free.
+
+Two pieces of evidence, both required: the engine's load log names the offloaded amount ("Total CPU
+offloaded parameters: X GiB"), and the weights' GPU footprint ("Model loading took X GiB") is lower
+than that of a comparable trial without offload, by at least half the amount asked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.store.db import TrialRecord
+from autotuner.tuner.trial import TrialResult
+
+# Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
+PINNED_HOST_PER_GIB = 1.9
+OFFLOADED = re.compile(r"Total CPU offloaded parameters: ([\d.]+)")
+# A footprint drop below this share of the requested amount does not count as offloaded.
+MIN_DROP_SHARE = 0.5
+
+
+def logged_offload_gib(result: TrialResult) -> float | None:
+    """The amount the engine logged at load: from the simulator's evaluation, else the engine log."""
+    value = result.engine.get("offloaded_gib")
+    if isinstance(value, int | float):
+        return float(value) if value > 0 else None
+    lines = list(result.log_tail)
+    path = result.engine.get("log_path")
+    if isinstance(path, str) and Path(path).is_file():
+        lines = Path(path).read_text(errors="replace").splitlines()
+    found = [float(m.group(1)) for line in lines if (m := OFFLOADED.search(line))]
+    return found[-1] if found else None
+
+
+def comparable(trials: list[TrialRecord], flags: dict[str, Any]) -> TrialRecord | None:
+    """A trial without offload that loaded the same weights: its weights footprint is the reference."""
+    refs = [t for t in trials if not float(t.flags.get("cpu-offload-gb") or 0)
+            and isinstance(t.engine.get("model_load_gib"), int | float)]
+    if not refs:
+        return None
+    # Prefer the one that differs in the fewest flags (the footprint of the weights hardly depends on them).
+    return min(refs, key=lambda t: (sum(t.flags.get(k) != v for k, v in flags.items() if k != "cpu-offload-gb"),
+                                    t.trial_number))
+
+
+def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | None:
+    """None when no offload was asked; else {verified, requested_gib, logged_gib, footprint, reason}."""
+    requested = float(result.flags.get("cpu-offload-gb") or 0)
+    if requested <= 0:
+        return None
+    logged = logged_offload_gib(result)
+    loaded = result.engine.get("model_load_gib")
+    ref = comparable(trials, dict(result.flags))
+    ref_gib = ref.engine.get("model_load_gib") if ref is not None else None
+    out: dict[str, Any] = {"requested_gib": requested, "logged_gib": logged, "model_load_gib": loaded,
+                           "reference_trial": ref.trial_number if ref is not None else None,
+                           "reference_model_load_gib": ref_gib}
+    if logged is None:
+        out.update(verified=False, reason=f"--cpu-offload-gb {requested:g} was asked, but the engine's load log "
+                   "names no offloaded parameters: this engine ignores the flag (vLLM #51396)")
+    elif not isinstance(loaded, int | float) or not isinstance(ref_gib, int | float):
+        out.update(verified=None, reason="no weights footprint to compare with (no trial without offload "
+                   "logged one)")
+    elif ref_gib - loaded < MIN_DROP_SHARE * min(requested, logged):
+        out.update(verified=False, reason=f"weights take {loaded:.2f} GiB on the GPU, against {ref_gib:.2f} GiB "
+                   f"without offload (trial {out['reference_trial']}): the footprint did not drop by the "
+                   f"{requested:g} GiB asked")
+    else:
+        out.update(verified=True, reason=f"logged {logged:.2f} GiB offloaded; weights {loaded:.2f} GiB on the "
+                   f"GPU against {ref_gib:.2f} GiB without offload")
+    return out
+
+
+def host_ram_problem(scenario: Scenario, flags: Mapping[str, FlagValue], available: int | None = None) -> str | None:
+    """Before a launch: would this offload pin more host RAM than is available now? (None: it fits.)"""
+    gb = float(flags.get("cpu-offload-gb") or 0)  # type: ignore[arg-type]
+    if gb <= 0 or scenario.engine.kind in ("sim", "sim-virtual"):
+        return None
+    tp = scenario.tensor_parallel_size()
+    need = gb * PINNED_HOST_PER_GIB * tp * (1 << 30)
+    free = available if available is not None else psutil.virtual_memory().available
+    if need <= free:
+        return None
+    return (f"--cpu-offload-gb {gb:g} pins about {need / 2**30:.1f} GiB of host RAM ({PINNED_HOST_PER_GIB}x per GPU "
+            f"x TP {tp}, vLLM #56410), but only {free / 2**30:.1f} GiB is available")

@@ -1,0 +1,117 @@
+"""What the trust trials say, read back from the study's `at_trials` rows (pure functions): per
+original trial, its confirmation runs summarised (mean and 95 % CI per metric, worst memory peak,
+failed runs) and its soak verdicts. `export` selects and certifies from these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotuner.engine import classify as oc
+from autotuner.store.db import TrialRecord
+from autotuner.trust.stats import Interval, interval
+
+SUMMARISED = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
+              "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s")
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric.endswith("per_s")
+
+
+@dataclass
+class Confirmation:
+    original: int
+    runs: list[int] = field(default_factory=list)
+    bad_runs: list[str] = field(default_factory=list)  # "trial N: outcome — reason" of runs not ok
+    intervals: dict[str, Interval] = field(default_factory=dict)
+    worst_peak_fraction: float | None = None  # over the original and every confirmation run
+    peak_bound: float | None = None  # the larger of the worst peak and the peaks' upper 95 % bound
+    failed_requests: int = 0
+    completed_requests: int = 0
+    offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
+
+    @property
+    def offload_failed(self) -> bool:
+        return self.offload is not None and self.offload.get("verified") is False
+
+    def conservative(self) -> dict[str, float]:
+        """The bound a deployer can count on: lower for throughputs, upper for latencies."""
+        out: dict[str, float] = {}
+        for metric, iv in self.intervals.items():
+            out[metric] = iv.low if higher_is_better(metric) else iv.high
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"original": self.original, "runs": self.runs, "bad_runs": self.bad_runs,
+                "intervals": {k: vars(v) for k, v in self.intervals.items()},
+                "worst_peak_fraction": self.worst_peak_fraction, "peak_bound": self.peak_bound,
+                "failed_requests": self.failed_requests,
+                "completed_requests": self.completed_requests,
+                "offload": self.offload}
+
+
+@dataclass
+class SoakVerdict:
+    trial: int
+    original: int
+    passed: bool
+    reason: str | None
+    duration_s: float | None
+    peak_fraction: float | None
+    ttft_p99_s: float | None
+    itl_p99_s: float | None
+    workload: str
+    headroom_gib: list[float]
+    finished_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
+    by_number = {t.trial_number: t for t in trials}
+    runs: dict[int, list[TrialRecord]] = {}
+    for t in trials:
+        if t.kind == "confirm" and isinstance(t.result.get("confirms"), int):
+            runs.setdefault(int(t.result["confirms"]), []).append(t)
+    out: dict[int, Confirmation] = {}
+    for original, rows in runs.items():
+        c = Confirmation(original, [r.trial_number for r in rows])
+        ok = [r for r in rows if r.outcome == oc.OK and r.state == "COMPLETE"]
+        c.bad_runs = [f"trial {r.trial_number}: {r.outcome}" + (f" — {r.reason}" if r.reason else "")
+                      for r in rows if r not in ok]
+        for metric in SUMMARISED:
+            values = [float(v) for r in ok if isinstance(v := r.metrics.get(metric), int | float)]
+            iv = interval(values)
+            if iv is not None:
+                c.intervals[metric] = iv
+        peaks = [r.memory.get("peak_fraction") for r in rows]
+        if original in by_number:
+            peaks.append(by_number[original].memory.get("peak_fraction"))
+        seen = [float(p) for p in peaks if isinstance(p, int | float)]
+        c.worst_peak_fraction = max(seen) if seen else None
+        peak_iv = interval(seen)
+        c.peak_bound = max([*seen, peak_iv.high]) if seen and peak_iv is not None else None
+        c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
+        c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
+        checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]
+        if checks:  # one run that did not offload is enough to distrust the flag
+            c.offload = next((x for x in checks if x.get("verified") is False), checks[-1])
+        out[original] = c
+    return out
+
+
+def soaks(trials: list[TrialRecord]) -> dict[int, list[SoakVerdict]]:
+    out: dict[int, list[SoakVerdict]] = {}
+    for t in trials:
+        verdict = t.result.get("soak")
+        if t.kind != "soak" or not isinstance(verdict, dict):
+            continue
+        out.setdefault(int(verdict["original"]), []).append(SoakVerdict(**{**verdict, "trial": t.trial_number}))
+    return out
+
+
+def last_soak(verdicts: dict[int, list[SoakVerdict]], original: int) -> SoakVerdict | None:
+    found = verdicts.get(original)
+    return max(found, key=lambda v: v.trial) if found else None

@@ -1,0 +1,148 @@
+"""Does the exported winner hold up? Single-shot best against confirmed-and-soaked best, under noise
+(printed, not asserted).
+
+    .venv/bin/python benchmarks/winner_regret.py [--seeds 20] [--trials 12] [--jobs 2] [--noise 0.03]
+
+Two cases of benchmarks/sample_efficiency.py (the quickstart, Llama-2-13B TP 8 on 8x RTX 3090, and
+Llama-3-8B on one RTX 4090), in virtual time (`sim-virtual`) with the simulator's run-to-run noise on.
+Per seed (the sampler's and the simulator's): the real `Tuner` for `--trials` trials; the naive winner
+is what `select` picks from single measurements (policy max-throughput, the scenario's SLOs); then the
+trust phase of `tune` (confirm 3x3, soak 10 min) and ours is what `select` picks after it (the export
+refuses when nothing is verified: counted as `refused`). Each winner is re-measured 10 times on a fresh
+simulator seed. The best config is the study's SLO-feasible configuration with the highest noise-free
+throughput; its true mean is its own 10 fresh re-measurements.
+
+- regret10: share of seeds whose winner's re-measured mean throughput is ≥ 10 % below the best
+  config's true mean (a refused export counts as no regret and is reported apart).
+- claim_err: |claimed − re-measured| / re-measured, for our certificate's throughput (the confirmed
+  mean); p50 over seeds.
+- soak_caught: seeds where the soak failed at least one confirmed candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sample_efficiency import CASES  # noqa: E402
+
+from autotuner.export.select import select  # noqa: E402
+from autotuner.scenario import Scenario  # noqa: E402
+from autotuner.store.db import Store  # noqa: E402
+from autotuner.trust.commands import after_tune, runner_factory  # noqa: E402
+from autotuner.tuner.runner import VirtualRunner  # noqa: E402
+from autotuner.tuner.study import Tuner  # noqa: E402
+
+THROUGHPUT = "output_tokens_per_s"
+POLICY = "max-throughput"
+REMEASURE = 10
+
+
+def with_sim(scenario: Scenario, **sim: Any) -> Scenario:
+    engine = scenario.engine.model_copy(update={"sim": scenario.engine.sim.model_copy(update=sim)})
+    return scenario.model_copy(update={"engine": engine})
+
+
+def remeasure(scenario: Scenario, flags: dict[str, Any], seed: int) -> float:
+    runner = VirtualRunner(with_sim(scenario, seed=seed))
+    values = [runner.evaluate(flags).metrics.get(THROUGHPUT) or 0.0 for _ in range(REMEASURE)]
+    return statistics.fmean(values)
+
+
+def searched(flags: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
+    return {k: v for k, v in flags.items() if k not in scenario.engine.flags}
+
+
+def one(case: str, seed: int, trials: int, noise: float) -> dict[str, Any]:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    base = CASES[case]()
+    offset = 1000 * list(CASES).index(case)  # independent noise draws per case
+    sc = with_sim(base, seed=offset + seed, noise=noise)
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = str(Path(tmp) / "s.db")
+        store = Store(storage)
+        runner = VirtualRunner(sc)
+        summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed).run())
+        naive = select(storage, None, [], POLICY).chosen
+        _, soaked = asyncio.run(after_tune(sc, store, summary.study_name, runner, runner_factory(Path(tmp), 100_000),
+                                           3, 3, 600.0))
+        picked = select(storage, None, [], POLICY)
+        refused = bool(picked.missing)
+        # The best configuration the study saw: SLO-feasible without noise, highest throughput.
+        quiet = VirtualRunner(with_sim(base, noise=0.0))
+        configs = {repr(sorted(searched(t.flags, sc).items())): searched(t.flags, sc)
+                   for t in picked.analysis.feasible}
+        truth = []
+        for flags in configs.values():
+            r = quiet.evaluate(flags)
+            ok = r.outcome == "ok" and all((r.metrics.get(m) or 1e9) <= limit for m, limit in sc.slos.items())
+            if ok:
+                truth.append((r.metrics.get(THROUGHPUT) or 0.0, flags))
+        fresh = 1_000_000 + 10 * (offset + seed)
+        best_flags = max(truth, key=lambda x: x[0])[1] if truth else searched(naive.flags, sc)
+        best = remeasure(base, best_flags, fresh)
+        naive_m = remeasure(base, searched(naive.flags, sc), fresh + 1)
+        ours_m = remeasure(base, searched(picked.chosen.flags, sc), fresh + 2)
+        c = picked.confirmation
+        claim = c.intervals[THROUGHPUT].mean if c is not None and THROUGHPUT in c.intervals else None
+        return {"case": case, "seed": seed, "best": best, "naive": naive_m, "ours": ours_m, "refused": refused,
+                "claim_err": abs(claim - ours_m) / ours_m if claim and ours_m else None,
+                "naive_claim_err": abs(float(naive.metrics[THROUGHPUT]) - naive_m) / naive_m if naive_m else None,
+                "changed": picked.single_shot is not None,
+                "soak_caught": bool(soaked and any(not v.passed for v in soaked.verdicts))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=12)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--noise", type=float, default=0.03)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    args = parser.parse_args()
+    t0 = time.time()
+    jobs = [(case, seed) for case in args.cases for seed in range(args.seeds)]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(one, *zip(*jobs, strict=True), [args.trials] * len(jobs), [args.noise] * len(jobs)))
+    for r in rows:
+        print(f"  {r['case']} seed {r['seed']}: best {r['best']:.1f}, naive {r['naive']:.1f}, ours {r['ours']:.1f} "
+              f"tok/s{' (refused)' if r['refused'] else ''}", file=sys.stderr)
+    for case in args.cases:
+        mine = [r for r in rows if r["case"] == case]
+        naive = sum(r["naive"] <= 0.9 * r["best"] for r in mine) / len(mine)
+        ours = sum(not r["refused"] and r["ours"] <= 0.9 * r["best"] for r in mine) / len(mine)
+        loss = [1 - r["ours"] / r["best"] for r in mine if not r["refused"]]
+        naive_loss = [1 - r["naive"] / r["best"] for r in mine]
+        errs = [r["claim_err"] for r in mine if r["claim_err"] is not None]
+        print(f"{case}: {len(mine)} seeds, noise {args.noise:.0%}, {args.trials} trials + confirm 3x3 + soak; "
+              f"naive_regret10 {naive:.2f} (mean loss {statistics.fmean(naive_loss):.1%}), ours_regret10 {ours:.2f} "
+              f"(mean loss {statistics.fmean(loss) if loss else 0:.1%}), refused {sum(r['refused'] for r in mine)}, "
+              f"confirmation changed the winner {sum(r['changed'] for r in mine)}, soak caught "
+              f"{sum(r['soak_caught'] for r in mine)}, claim error p50 ours "
+              f"{statistics.median(errs) if errs else float('nan'):.1%} / naive "
+              f"{statistics.median([r['naive_claim_err'] for r in mine if r['naive_claim_err'] is not None]):.1%}")
+    naive_all = sum(r["naive"] <= 0.9 * r["best"] for r in rows) / len(rows)
+    ours_all = sum(not r["refused"] and r["ours"] <= 0.9 * r["best"] for r in rows) / len(rows)
+    errs = [r["claim_err"] for r in rows if r["claim_err"] is not None]
+    print(f"wall {time.time() - t0:.0f} s")
+    print(f"naive_regret10={naive_all:.3f} ours_regret10={ours_all:.3f} "
+          f"claim_err_p50={statistics.median(errs) if errs else float('nan'):.4f} "
+          f"soak_caught={sum(r['soak_caught'] for r in rows)}")
+
+
+if __name__ == "__main__":
+    main()

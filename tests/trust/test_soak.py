@@ -1,0 +1,69 @@
+"""Soak: the worst workload the scenario allows catches what the normal workload does not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+
+from autotuner.export.exporter import run_export
+from autotuner.export.report import run_report
+from autotuner.scenario import LengthSettings
+from autotuner.trust.soak import longest, soak_scenario
+from tests.trust.conftest import scenario, tune
+
+BUDGET = "max-num-batched-tokens"
+# Prompts with a long tail (median 900, capped at 4000): 24 of them rarely go past ~2500 tokens, the
+# soak sends only 4000-token prompts. 4096 tokens a step at utilization 0.84 passes the normal workload
+# (peak ~93 %) with the best throughput, and runs out of memory at the soak; 2048 survives both.
+LONG_TAIL = {
+    "workload.requests.prompt_tokens": {"kind": "lognormal", "median": 900, "sigma": 0.5, "max": 4000},
+    "engine.flags": {"max-model-len": 4096, "gpu-memory-utilization": 0.84},
+    "search_space": {BUDGET: {"type": "categorical", "choices": [2048, 4096]}},
+}
+
+
+def test_soak_workload_is_the_longest_prompt_at_peak_concurrency() -> None:
+    sc = scenario(**LONG_TAIL)
+    soaked, text = soak_scenario(sc, {BUDGET: 4096, "max-num-seqs": 6}, 60.0, round_s=5.0)
+    r, a = soaked.workload.requests, soaked.workload.arrivals
+    assert r.prompt_tokens == LengthSettings(kind="fixed", value=4000)
+    assert r.output_tokens == LengthSettings(kind="fixed", value=64)
+    assert a.kind == "concurrency" and a.concurrency == 6  # max-num-seqs below the scenario's peak of 8
+    assert r.count == 6 * 12 and r.shared_prefix_fraction == 0 and soaked.workload.ignore_eos
+    assert "4000 tokens" in text
+    # Capped by max-model-len minus the output.
+    capped, _ = soak_scenario(scenario(**{**LONG_TAIL, "engine.flags": {"max-model-len": 2048}}), {}, 60.0)
+    assert capped.workload.requests.prompt_tokens.value == 2048 - 64
+    assert longest(LengthSettings(kind="normal", mean=1000, stddev=100)) == 1300
+
+
+def test_soak_catches_an_oom_on_long_prompts_and_export_holds_the_survivor(tmp_path: Path) -> None:
+    t = tune(tmp_path, scenario(**LONG_TAIL), trials=4)
+    rows = t.store.trials(t.study)
+    passed_normal = {r.flags[BUDGET] for r in rows if r.outcome == "ok"}
+    assert passed_normal == {2048, 4096}, "both configurations pass the normal workload"
+    confirmed, soaked = t.trust(top=2, repeats=2, soak_s=60)
+    assert confirmed is not None and soaked is not None
+    first, second = soaked.verdicts
+    by_number = {r.trial_number: r for r in t.store.trials(t.study)}
+    assert by_number[first.original].flags[BUDGET] == 4096 and not first.passed
+    assert "oom" in (first.reason or "")
+    assert by_number[second.original].flags[BUDGET] == 2048 and second.passed
+    assert second.ttft_p99_s is not None and second.itl_p99_s is not None and len(second.headroom_gib) == 1
+    study = optuna.load_study(study_name=t.study, storage=t.store.optuna_storage())
+    assert [tr.user_attrs["soaks"] for tr in study.trials if tr.user_attrs.get("kind") == "soak"] == [
+        first.original, second.original]
+    out = tmp_path / "w.json"
+    assert run_export(t.storage, None, [], "knee", "json", out, force=False) == 0
+    doc = json.loads(out.read_text())
+    assert doc["certificate"]["trial"] == second.original
+    soak = doc["certificate"]["verification"]["soak"]
+    assert soak["passed"] and soak["trial"] == second.trial and soak["duration_s"] > 0
+    assert run_report(t.storage, None, tmp_path / "report") == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    verification = text.split("## Verification", 1)[1].split("\n## ", 1)[0]
+    assert f"| {first.trial} | {first.original} | FAILED |" in verification
+    assert f"| {second.trial} | {second.original} | passed |" in verification
+    assert "soak-memory.png" in verification
