@@ -90,6 +90,9 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data["workload"]["requests"].update(count=8, prompt_tokens={"kind": "uniform", "low": 2000, "high": 4000},
                                         output_tokens=64)
     data["workload"]["warmup_requests"] = 0
+    # Latency SLOs measured by a client on a loaded 2-core machine say nothing here; export needs a
+    # feasible winner, not a fast one.
+    data.pop("slos", None)
     (folder / "quick.yaml").write_text(yaml.safe_dump(data))
     folder.chmod(0o755)
     for f in folder.iterdir():

@@ -14,7 +14,7 @@ import yaml
 from tests.conftest import free_port
 from tests.docker.conftest import ROOT, Docker, wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(300, func_only=True)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900, func_only=True)]
 
 COMPOSE_FILES = sorted((ROOT / "docker").glob("compose*.yaml"))
 
@@ -67,7 +67,7 @@ def test_simulated_box_comes_up_healthy(compose: Docker, sim_image: str) -> None
     project = f"autotuner-test-{uuid.uuid4().hex[:8]}"
     env = {"AUTOTUNER_IMAGE": sim_image, "AUTOTUNER_SIM_PORT": str(port)}
     args = ["-p", project, "-f", "docker/compose.sim.yaml"]
-    compose.compose(*args, "up", "-d", "--no-build", env=env, timeout=180)
+    compose.compose(*args, "up", "-d", "--no-build", env=env, timeout=600)
     try:
         container = compose.compose(*args, "ps", "-q", "sim", env=env).stdout.strip()
         assert container
