@@ -151,9 +151,12 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
     shown = winner or study.baseline
     if memory is not None and shown is not None:
         memory_blocks.append(memory)
-        memory_blocks.append(Table(["GPU", "peak", "total", "headroom", "headroom %", "OOM threshold"], [
-            [str(g.index), f"{g.peak_gib:.2f} GiB", f"{g.total_gib:.2f} GiB", f"{g.headroom_gib:.2f} GiB",
-             f"{g.headroom_pct:.1f} %", f"{g.threshold_gib:.2f} GiB"] for g in headroom(shown, sc)]))
+        engine, foreign = _split_peak(shown)
+        memory_blocks.append(Table(
+            ["GPU", "peak", "our engine", "other processes", "total", "headroom", "headroom %", "OOM threshold"], [
+                [str(g.index), f"{g.peak_gib:.2f} GiB", engine.get(g.index, "-"), foreign.get(g.index, "-"),
+                 f"{g.total_gib:.2f} GiB", f"{g.headroom_gib:.2f} GiB", f"{g.headroom_pct:.1f} %",
+                 f"{g.threshold_gib:.2f} GiB"] for g in headroom(shown, sc)]))
         if winner is None:
             memory_blocks.insert(0, f"No recommendation: this is the baseline, trial {shown.trial_number}.")
     else:
@@ -236,3 +239,16 @@ def verification_section(analysis: Analysis, soak_memory: Image | None) -> Secti
         blocks.append(soak_memory)
     return Section("Verification", blocks)
 
+
+
+def _split_peak(trial: TrialRecord) -> tuple[dict[int, str], dict[int, str]]:
+    """Per GPU: our engine's peak and the memory other processes held beside it (the device-level peak
+    above is what the OOM threshold watched)."""
+    devices = trial.memory.get("devices") or []
+    ours = trial.memory.get("engine_peak_bytes") or []
+    engine = {int(i): gib(b) for i, b in zip(devices, ours, strict=False)}
+    foreign: dict[int, str] = {}
+    for f in trial.memory.get("foreign") or []:
+        names = ", ".join(f"{p.get('name')} pid {p.get('pid')}" for p in f.get("processes") or [])
+        foreign[int(f.get("index", -1))] = gib(int(f.get("bytes") or 0)) + (f" ({names})" if names else "")
+    return engine, foreign

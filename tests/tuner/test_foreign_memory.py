@@ -88,6 +88,13 @@ def test_desktop_memory_on_gpu0_is_a_named_baseline_and_clamps_utilization(
         if row.outcome == "ok":
             engine_peak = row.result["memory"]["engine_peak_bytes"]
             assert engine_peak[0] == row.result["memory"]["peak_bytes"][0] - 400 * MIB
+    # The report shows our engine's peak and the other processes' memory apart.
+    from autotuner.export.report import run_report
+
+    assert run_report(store.url, tuner.study_name, tmp_path / "report") == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| our engine | other processes |" in report
+    assert "0.39 GiB (python" in report and f"pid {desktop.pid})" in report
 
 
 def test_fit_utilization_lowers_only_what_cannot_start(tmp_path: Path) -> None:
