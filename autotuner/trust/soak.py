@@ -28,7 +28,7 @@ from autotuner.store.db import TrialRecord
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 from autotuner.trust.summary import SoakVerdict, confirmations, soaks
-from autotuner.tuner.trial import TrialResult, threshold_of
+from autotuner.tuner.trial import TrialResult, peak_concurrency, threshold_of
 
 log = structlog.get_logger(__name__)
 DEFAULT_DURATION_S = 600.0
@@ -78,15 +78,6 @@ def _engine_limits(scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[
         except VllmArgError:
             pass
     return (int(mml) if isinstance(mml, int | float) else None, int(seqs) if isinstance(seqs, int | float) else None)
-
-
-def peak_concurrency(scenario: Scenario) -> int:
-    a = scenario.workload.arrivals
-    if a.kind == "concurrency":
-        return a.concurrency
-    if a.kind == "burst" and a.burst_size:
-        return a.burst_size
-    return min(scenario.workload.requests.count, 64)
 
 
 def soak_scenario(scenario: Scenario, flags: Mapping[str, FlagValue], duration_s: float,

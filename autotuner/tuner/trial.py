@@ -490,7 +490,7 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
         request_set = await build_requests(spec, http, plan.base_url, plan.served_name, api_key)
         result.warnings += request_set.warnings
         extra = [await shards.enter_async_context(http_client())
-                 for _ in range(shard_count(_peak_concurrency(scenario)) - 1)]
+                 for _ in range(shard_count(peak_concurrency(scenario)) - 1)]
         client = StreamingClient(http, plan.base_url, plan.served_name, api_key, ignore_eos=spec.ignore_eos,
                                  timeout_s=spec.request_timeout_s, extra=extra)
         before = await _scrape(http, plan.base_url)
@@ -526,7 +526,7 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
         result.reason = f"{len(failed)} request(s) failed, first: {failed[0].error}"
 
 
-def _peak_concurrency(scenario: Scenario) -> int:
+def peak_concurrency(scenario: Scenario) -> int:
     """Streams the replay may hold open at once (open-loop arrivals: a guess from the request count)."""
     arrivals = scenario.workload.arrivals
     if arrivals.kind == "concurrency":
