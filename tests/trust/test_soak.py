@@ -14,18 +14,21 @@ from autotuner.trust.soak import longest, soak_scenario
 from tests.trust.conftest import scenario, tune
 
 BUDGET = "max-num-batched-tokens"
-# Prompts with a long tail (median 900, capped at 4000): 24 of them rarely go past ~2500 tokens, the
-# soak sends only 4000-token prompts. 4096 tokens a step at utilization 0.84 passes the normal workload
-# (peak ~93 %) with the best throughput, and runs out of memory at the soak; 2048 survives both.
+# Prompts with a long tail (median 900, capped at 4000) two at a time: their steps rarely fill a
+# 4096-token budget; the soak sends only 4000-token prompts, so every step is full. A step's unprofiled
+# memory grows with its tokens (autotuner/sim/memory.py): 4096 tokens a step at utilization 0.88 passes
+# the normal workload (peak ~96 %) with the best throughput and crosses the OOM threshold at the soak;
+# 2048 survives both.
 LONG_TAIL = {
     "workload.requests.prompt_tokens": {"kind": "lognormal", "median": 900, "sigma": 0.5, "max": 4000},
-    "engine.flags": {"max-model-len": 4096, "gpu-memory-utilization": 0.84},
+    "engine.flags": {"max-model-len": 4096, "gpu-memory-utilization": 0.88},
+    "workload.arrivals": {"kind": "concurrency", "concurrency": 2},
     "search_space": {BUDGET: {"type": "categorical", "choices": [2048, 4096]}},
 }
 
 
 def test_soak_workload_is_the_longest_prompt_at_peak_concurrency() -> None:
-    sc = scenario(**LONG_TAIL)
+    sc = scenario(**{**LONG_TAIL, "workload.arrivals": {"kind": "concurrency", "concurrency": 8}})
     soaked, text = soak_scenario(sc, {BUDGET: 4096, "max-num-seqs": 6}, 60.0, round_s=5.0)
     r, a = soaked.workload.requests, soaked.workload.arrivals
     assert r.prompt_tokens == LengthSettings(kind="fixed", value=4000)
@@ -34,7 +37,8 @@ def test_soak_workload_is_the_longest_prompt_at_peak_concurrency() -> None:
     assert r.count == 6 * 12 and r.shared_prefix_fraction == 0 and soaked.workload.ignore_eos
     assert "4000 tokens" in text
     # Capped by max-model-len minus the output.
-    capped, _ = soak_scenario(scenario(**{**LONG_TAIL, "engine.flags": {"max-model-len": 2048}}), {}, 60.0)
+    capped, _ = soak_scenario(scenario(**{**LONG_TAIL, "engine.flags": {"max-model-len": 2048},
+                                          "workload.arrivals": {"kind": "concurrency", "concurrency": 8}}), {}, 60.0)
     assert capped.workload.requests.prompt_tokens.value == 2048 - 64
     assert longest(LengthSettings(kind="normal", mean=1000, stddev=100)) == 1300
 
