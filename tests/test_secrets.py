@@ -62,12 +62,13 @@ def test_no_canary_in_anything_written_or_printed(tmp_path: Path, sim_state: Pat
             assert done.returncode == 0, (args, done.stderr.decode(errors="replace")[-3000:])
         return done
 
-    cli("tune", str(scenario(tmp_path)), "--storage", str(db), "--trials", "1")
+    cli("tune", str(scenario(tmp_path)), "--storage", str(db), "--trials", "1", "--confirm", "0")
     cli("status", "--storage", str(db))
     cli("status", Store(str(db), create=False).studies()[0].study_name, "--storage", str(db))
     for fmt in FORMATS:
-        cli("export", "--format", fmt, "-o", str(tmp_path / f"export.{fmt}"), "--storage", str(db))
-    cli("export", "--format", "cmd", "--storage", str(db))  # to stdout
+        cli("export", "--format", fmt, "-o", str(tmp_path / f"export.{fmt}"), "--storage", str(db),
+            "--allow-unverified")
+    cli("export", "--format", "cmd", "--storage", str(db), "--allow-unverified")  # to stdout
     cli("report", "-o", str(tmp_path / "report"), "--storage", str(db))
     # The password of a storage URL: refused (nothing listens), and not echoed.
     for args in (("tune", str(scenario(tmp_path)), "--storage", PG_URL), ("status", "--storage", PG_URL),

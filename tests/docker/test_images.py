@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800, func_only=True)]
 def tune_args(image: str, volume: str, scenarios: Path, *extra: str) -> list[str]:
     # --network none: the engine and the tuner talk over the container's own loopback.
     return ["--init", "--network", "none", "-v", f"{volume}:/data", "-v", f"{scenarios}:/scenarios:ro", image,
-            "tune", "/scenarios/quick.yaml", "--storage", "/data/autotuner.db", "--log-dir", "/data/logs", *extra]
+            "tune", "/scenarios/quick.yaml", "--storage", "/data/autotuner.db", "--log-dir", "/data/logs",
+            "--confirm", "0", *extra]
 
 
 def test_the_image_runs_the_tuner_as_a_non_root_user(docker: Docker, sim_image: str) -> None:
@@ -36,7 +37,7 @@ def test_tune_then_export_to_the_volume(docker: Docker, sim_image: str, scenario
     done = docker.run("run", "--rm", *tune_args(sim_image, volume, scenarios, "--trials", "3"), timeout=900)
     assert "done, 3/3 trials" in done.stdout, done.stdout + done.stderr
     docker.run("run", "--rm", "--network", "none", "-v", f"{volume}:/data", sim_image,
-               "export", "--format", "yaml", "-o", "/data/vllm.yaml", timeout=600)
+               "export", "--format", "yaml", "-o", "/data/vllm.yaml", "--allow-unverified", timeout=600)
     data = docker.volume_path(volume)
     exported = yaml.safe_load((data / "vllm.yaml").read_text())
     assert exported["tensor-parallel-size"] == 8

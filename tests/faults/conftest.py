@@ -140,7 +140,8 @@ def our_trials(db: Path) -> list[tuple[int, str, str]]:
 
 
 def tune_cmd(scenario: Path, db: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "autotuner", "tune", str(scenario), "--storage", str(db), *extra]
+    return [sys.executable, "-m", "autotuner", "tune", str(scenario), "--storage", str(db), "--confirm", "0",
+            *extra]
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -91,7 +91,7 @@ def _tune(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
     env = {**os.environ, "AUTOTUNER_HOME": str(tmp_path / "home")}
     return subprocess.run([sys.executable, "-m", "autotuner", "tune", str(_scenario(tmp_path)), "--trials", "4",
-                           "--storage", str(tmp_path / "t.db"), "--study", "s1", *extra],
+                           "--storage", str(tmp_path / "t.db"), "--study", "s1", "--confirm", "0", *extra],
                           env=env, capture_output=True, text=True, timeout=300)
 
 
