@@ -31,7 +31,8 @@ def test_watch_shows_a_trial_finished_by_another_process(tmp_path: Path) -> None
         first = lines.get(timeout=60)
         assert first.startswith("waiting for study w1"), first
         tuned = subprocess.run([sys.executable, "-m", "autotuner", "tune", str(scenario), "--trials", "2",
-                                "--storage", db, "--study", "w1", "--quiet", "--confirm", "0"], env=env, capture_output=True, text=True,
+                                "--storage", db, "--study", "w1", "--quiet", "--confirm", "0"], env=env,
+                               capture_output=True, text=True,
                                timeout=300)
         assert tuned.returncode == 0, tuned.stderr[-2000:]
         seen: list[str] = []
