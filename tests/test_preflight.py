@@ -170,7 +170,7 @@ def test_the_workload_must_fit_the_context(tmp_path: Path) -> None:
 
 def test_measure_exits_1_when_the_outcome_is_not_ok(tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
-    data["workload"]["requests"]["count"] = 2
+    data["workload"]["requests"]["count"] = 8  # 8 prompts of 3000-6000 tokens at once fill a 16k step
     path = tmp_path / "quickstart.yaml"
     path.write_text(yaml.safe_dump(data))
     # A 16k-token prefill step in the thin headroom vLLM's default utilization leaves: out of memory.
