@@ -40,10 +40,10 @@ def quickstart(tmp_path: Path, kind: str = "sim-virtual", **changes: object) -> 
     return out
 
 
-def virtual_tuner(tmp_path: Path, trials: int, **changes: object) -> tuple[Tuner, Store]:
+def virtual_tuner(tmp_path: Path, trials: int, seed: int = 3, **changes: object) -> tuple[Tuner, Store]:
     scenario = load_scenario(quickstart(tmp_path, **changes))
     store = Store(str(tmp_path / "study.db"))
-    return Tuner(scenario, VirtualRunner(scenario), store, n_trials=trials, seed=3), store
+    return Tuner(scenario, VirtualRunner(scenario), store, n_trials=trials, seed=seed), store
 
 
 def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Path) -> None:
