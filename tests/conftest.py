@@ -23,6 +23,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test its own $AUTOTUNER_HOME (logs, GPU locks, engine registry) and its own simulated GPU host, so
+    tests may run side by side (pytest-xdist) without seeing each other's engines, locks or GPU memory."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("AUTOTUNER_HOME", str(home))
+    monkeypatch.setenv("AUTOTUNER_SIM_STATE_DIR", str(home / "sim-gpus"))
+    return home
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private simulated GPU host with the default release delay, for the GPU-state tests."""
