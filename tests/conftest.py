@@ -133,3 +133,13 @@ def vllm_cpu() -> VllmCpu:
         python, model = values["VLLM_PYTHON"], values["TINY_MODEL"]
         os.environ["VLLM_PYTHON"], os.environ["TINY_MODEL"] = python, model
     return VllmCpu(python, model)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), real-vLLM tests run one after another on one worker (each fills the
+    CPUs), and so do the Docker tests (one private engine); the simulator's tests spread over the others."""
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group("docker"))
