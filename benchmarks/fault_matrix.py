@@ -47,7 +47,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-CORPUS = ROOT / "tests" / "fixtures" / "bad_inputs"
+sys.path.insert(0, str(ROOT))
+from tests.bad_input_corpus import CORPUS, scenario_for  # noqa: E402  (the same cases as the tests)
 
 
 @dataclass
@@ -231,25 +232,6 @@ def optuna_trials_launched(db: Path) -> list[int]:
 
 
 # --- 3. bad input -------------------------------------------------------------------------------------
-def _scenario_for(case: Path, scratch: Path) -> Path:
-    """The scenario through which a corpus file reaches `tune` (as tests/test_bad_inputs.py does)."""
-    kind = case.parent.name if case.name != "config.json" else "models"
-    if kind == "scenarios":
-        return case
-    engine: dict[str, object] = {"kind": "sim-virtual", "model": "llama-2-7b", "sim": {"gpu": "a100-80gb"}}
-    doc: dict[str, object] = {"engine": engine}
-    if kind == "traces":
-        engine["kind"] = "sim"
-        doc["workload"] = {"requests": {"kind": "trace", "path": str(case)}, "arrivals": {"kind": "trace"}}
-    elif kind == "gpus":
-        engine["sim"] = {"gpu": str(case)}
-    else:
-        engine["model"] = str(case.parent)
-    path = scratch / f"{case.parent.name}-{case.stem}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def run_bad_inputs(work: Path, tally: Tally) -> int | None:
     if not CORPUS.is_dir():
         print("bad inputs: no corpus in tests/fixtures/bad_inputs/ in this tree")
@@ -261,7 +243,7 @@ def run_bad_inputs(work: Path, tally: Tally) -> int | None:
     not_two = 0
     for path in files:
         db = scratch / f"{path.parent.name}-{path.stem}.db"
-        done = tally.run([PY, "-m", "autotuner", "tune", str(_scenario_for(path, scratch)), "--storage", str(db),
+        done = tally.run([PY, "-m", "autotuner", "tune", str(scenario_for(path, scratch)), "--storage", str(db),
                           "--trials", "1"], env, timeout=120, cwd=scratch)
         ok = done.returncode == 2 and "error:" in done.stderr and "Traceback" not in done.stderr and not db.exists()
         not_two += not ok

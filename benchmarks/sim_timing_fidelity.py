@@ -5,8 +5,8 @@ waits for /health, then streams completions from one httpx.AsyncClient: closed l
 concurrent streams, prompts of 1000-3000 tokens (unique 4-character words, one token each), 64 output
 tokens, ignore_eos, include_usage; at --sim-speedup 1 and 20. Model/box: llama-2-7b on one simulated
 H100-80GB, --gpu-memory-utilization 0.85: a 64-stream burst of such prompts takes ~6 simulated
-seconds, so speed-up 1 stays short (the default 0.92 hits the simulated runtime OOM when 8 such
-prompts arrive within one step, which is timing-dependent).
+seconds, so speed-up 1 stays short and the memory peak stays well under the card whatever the
+arrival timing.
 
 For every request: client TTFT (wall time from sending to the first content chunk) × speed-up, and
 client end-to-end (to the chunk carrying finish_reason) × speed-up, against what the engine core

@@ -32,8 +32,8 @@ from autotuner.store.db import Store
 from autotuner.tuner.space import build_space
 from autotuner.tuner.trial import threshold_of
 from autotuner.workload.trace import load_trace
+from tests.bad_input_corpus import CORPUS, scenario_for
 
-CORPUS = Path(__file__).parent / "fixtures" / "bad_inputs"
 # Each case's budget: together well under a minute on a loaded 2-core machine.
 FAST = dict(deadline=None, database=None, derandomize=True,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
@@ -313,31 +313,12 @@ def test_the_corpus_is_complete() -> None:
     assert len(on_disk) >= 30
 
 
-def _scenario_for(case: Path, tmp_path: Path) -> Path:
-    """The scenario through which a case reaches the tuner."""
-    kind = case.parent.name
-    if kind == "scenarios":
-        return case
-    engine = {"kind": "sim-virtual", "model": "llama-2-7b", "sim": {"gpu": "a100-80gb"}}
-    doc: dict[str, Any] = {"engine": engine}
-    if kind == "traces":
-        engine["kind"] = "sim"
-        doc["workload"] = {"requests": {"kind": "trace", "path": str(case)}, "arrivals": {"kind": "trace"}}
-    elif kind == "gpus":
-        engine["sim"] = {"gpu": str(case)}
-    else:
-        engine["model"] = str(case)
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_corpus_through_the_cli(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     path = CORPUS / case
-    scenario = _scenario_for(path, tmp_path)
+    scenario = scenario_for(path, tmp_path)
     before = set(tmp_path.rglob("*"))
     result = CliRunner().invoke(app, ["tune", str(scenario), "--storage", str(tmp_path / "study.db")])
     assert result.exit_code == 2, (result.output, result.exception)
@@ -355,7 +336,7 @@ def test_corpus_through_the_cli(case: str, tmp_path: Path, monkeypatch: pytest.M
     (["=1"], "expected NAME=VALUE"),
 ])
 def test_bad_set_items_exit_2(items: list[str], message: str, tmp_path: Path) -> None:
-    scenario = _scenario_for(CORPUS / "models" / "m01_zero_hidden", tmp_path)
+    scenario = scenario_for(CORPUS / "models" / "m01_zero_hidden", tmp_path)
     scenario.write_text(yaml.safe_dump({"engine": {"kind": "sim-virtual", "model": "llama-2-7b"}}))
     args = ["measure", str(scenario)] + [a for item in items for a in ("--set", item)]
     result = CliRunner().invoke(app, args)
