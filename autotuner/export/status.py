@@ -15,6 +15,7 @@ from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_stor
 from autotuner.export.slo import scenario_slos
 from autotuner.export.units import flag_value, percent, seconds
 from autotuner.secrets import display_url
+from autotuner.trust import TRUST_KINDS
 from autotuner.tuner.progress import LiveView
 
 
@@ -63,7 +64,10 @@ def _trials(storage: str, name: str, console: Console) -> None:
         table.add_column(column, overflow="fold")
     for t in data.trials:
         ok = t.outcome == "ok"
+        # A confirmation or soak run re-measures a candidate: evidence about it, never a candidate itself.
         mark = "front" if t.trial_number in front else ("yes" if t.trial_number in feasible else "no")
+        if t.kind in TRUST_KINDS:
+            mark = "re-run"
         flags = " ".join(f"{k}={flag_value(v)}" for k, v in t.flags.items() if k not in fixed)
         table.add_row(str(t.trial_number), t.kind, t.outcome, mark, flags,
                       _number(t.metrics.get("output_tokens_per_s")) if ok else "-",

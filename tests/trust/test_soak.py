@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import optuna
+from rich.console import Console
 
 from autotuner.export.exporter import run_export
 from autotuner.export.report import run_report
+from autotuner.export.status import run_status
 from autotuner.scenario import LengthSettings
 from autotuner.trust.soak import longest, soak_scenario
 from tests.trust.conftest import scenario, tune
@@ -71,3 +73,9 @@ def test_soak_catches_an_oom_on_long_prompts_and_export_holds_the_survivor(tmp_p
     assert f"| {first.trial} | {first.original} | FAILED |" in verification
     assert f"| {second.trial} | {second.original} | passed |" in verification
     assert "soak-memory.png" in verification
+    # `status` lists the soak runs as re-runs of their candidates, not as infeasible candidates.
+    console = Console(record=True, width=250)
+    assert run_status(t.storage, t.study, console) == 0
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.count("│") > 5}
+    for verdict in (first, second):
+        assert rows[str(verdict.trial)].split("│")[4].strip() == "re-run", rows[str(verdict.trial)]
