@@ -272,10 +272,12 @@ def _daemon(cmd: ServeCommand | None, snap: ProductionSnapshot | None, endpoint:
     key_env = api_key_env or ("VLLM_API_KEY" if cmd is not None and cmd.api_key_given else None)
     if key_env:
         production["api_key_env"] = key_env
+    # Never the user's own --config file: replacing it with the tuned flags alone could drop their settings.
+    config_path = (daemon_path.parent / TUNED_CONFIG_FILE).resolve()
     if cmd is not None and cmd.config_file:
-        config_path = Path(cmd.config_file).expanduser().resolve()
-    else:
-        config_path = (daemon_path.parent / TUNED_CONFIG_FILE).resolve()
+        result.check.append(f"your command reads --config {cmd.config_file}, and vLLM takes one config file: its "
+                            "settings are copied into the scenario's engine.flags; before pointing --config at the "
+                            "tuned file, put them (except the three tuned flags) on the service's command line")
     result.check.append(f"deploy.kind is file: the daemon writes the tuned flags to {config_path} and a person "
                         f"restarts vLLM; start vLLM with --config {config_path} and drop "
                         f"{', '.join('--' + k for k in KNOBS)} from its command line (the command line wins over "

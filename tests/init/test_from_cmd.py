@@ -59,7 +59,7 @@ def test_a_production_command_line_becomes_a_scenario(tmp_path: Path) -> None:
     assert "check: deploy.kind is file" in done.stdout
 
 
-def test_a_config_file_on_the_command_line_is_read_and_becomes_the_deploy_target(tmp_path: Path) -> None:
+def test_a_config_file_on_the_command_line_is_read_and_left_alone(tmp_path: Path) -> None:
     config = tmp_path / "prod.yaml"
     config.write_text("max_num_seqs: 128\ngpu-memory-utilization: 0.85\n")
     done = init("--from-cmd", f"python3 -m vllm.entrypoints.openai.api_server --model /models/m -tp 2 "
@@ -70,7 +70,9 @@ def test_a_config_file_on_the_command_line_is_read_and_becomes_the_deploy_target
     assert sc.engine.flags == {"max-num-seqs": 128, "tensor-parallel-size": 2}
     assert sc.current_config["gpu-memory-utilization"] == 0.9  # the command line wins over the file
     daemon = yaml.safe_load((tmp_path / "out" / "autotuner-daemon.yaml").read_text())
-    assert daemon["deploy"]["config_path"] == str(config)
+    assert daemon["deploy"]["config_path"] == str((tmp_path / "out" / "vllm-tuned.yaml").resolve())
+    assert f"your command reads --config {config}" in done.stdout
+    assert config.read_text() == "max_num_seqs: 128\ngpu-memory-utilization: 0.85\n"  # the user's file untouched
 
 
 def test_never_overwrites_without_force(tmp_path: Path) -> None:
