@@ -135,6 +135,12 @@ def _scenario(cmd: ServeCommand | None, snap: ProductionSnapshot | None, gpus: t
             engine["served_model_name"] = snap.served_model
         inferred.append(f"served as {snap.served_model}, vLLM {snap.vllm_version or 'version unknown'}, "
                         f"model fingerprint {snap.model_fingerprint}")
+        if snap.simulator is not None and cmd is None:
+            # Production is `autotuner sim serve`: tune the same simulated box.
+            sim = snap.simulator
+            engine["kind"] = "sim"
+            engine["sim"] = {k: sim[k] for k in ("gpu", "gpus", "speedup") if sim.get(k) is not None}
+            inferred.append(f"the endpoint is the simulator: engine.kind sim on {engine['sim']}")
         if snap.max_model_len is not None:
             given = flags.get("max-model-len")
             if given is None or given == "auto":
