@@ -10,6 +10,7 @@ GPUs. Secrets in the command line are never copied: the variable vLLM reads them
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ def _targets(out: Path, force: bool) -> tuple[Path, Path]:
         raise UserInputError(f"--out {out}: exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
         raise UserInputError(f"--out {out}: directory {out.parent} does not exist")
+    if not os.access(out if out.exists() else out.parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"--out {out}: not writable by this user; choose another directory")
     targets = (out / SCENARIO_FILE, out / DAEMON_FILE)
     if not force:
         for path in targets:
