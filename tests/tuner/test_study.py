@@ -55,7 +55,8 @@ def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Pa
     assert len(launched_trials(study)) == 12  # the budget counts engine runs; rejected candidates are extra
     assert trials[0].user_attrs["kind"] == "baseline"
     assert [t.user_attrs["kind"] for t in trials[1:3]] == ["probe", "probe"]
-    assert [t.params["max-num-batched-tokens"] for t in trials[1:3]] == [1024, 512]
+    # The memory model places them under the wall it fitted from the baseline: they serve.
+    assert [t.user_attrs["outcome"] for t in trials[1:3]] == ["ok", "ok"]
     assert trials[0].params == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.92, "cpu-offload-gb": 0.0}
     # The evidence-based wall (autotuner/sim/memory.py): vLLM's defaults serve these long prompts; the
     # quickstart's space reaches past the wall, where trials die.
