@@ -153,6 +153,9 @@ class MemoryModel:
             self.ran_out.append((trial_number, dict(flags)))
             bound = 1.0 if outcome == oc.OOM_CRASH else max(float(peak or 0.0), self.limit_fraction)
             self.observations.append(Observation(trial_number, x, bound, True))
+        elif outcome == oc.PRUNED and peak:
+            # Stopped early: the peak so far is a lower bound of the whole run's.
+            self.observations.append(Observation(trial_number, x, float(peak), True))
         elif outcome == oc.OK and peak:
             self.observations.append(Observation(trial_number, x, float(peak), False))
         else:
@@ -228,21 +231,22 @@ class MemoryModel:
 
     def probe(self, candidates: Sequence[Mapping[str, FlagValue]], max_p_over: float = PROBE_MAX_P_OVER
               ) -> dict[str, FlagValue] | None:
-        """Of `candidates`, the one that pins the wall best while likely to serve: the highest upper
-        prediction among those whose chance of crossing the threshold is at most `max_p_over` — it
-        sits just under the wall, and measuring it either confirms the room there or moves the wall
-        (a probe that certainly dies costs an engine run and tells only a bound)."""
+        """Of `candidates`, the one that teaches the model most while likely to serve: the widest
+        prediction interval (where the coefficients are least pinned, e.g. the budget's slope far from
+        the baseline) among those whose chance of crossing the threshold is at most `max_p_over` (a
+        probe that dies costs an engine run and tells only a bound). Never a measured point again."""
         if not self.observations:
             return None
+        seen = {o.x for o in self.observations}
         best, best_score = None, -math.inf
         for flags in candidates:
-            if self.screen(flags) is not None:
+            if self.features(flags) in seen or self.screen(flags) is not None:
                 continue
             p = self.predict(flags)
             if p.p_over > max_p_over:
                 continue
-            if p.high > best_score:
-                best, best_score = dict(flags), p.high
+            if p.high - p.low > best_score:
+                best, best_score = dict(flags), p.high - p.low
         return best
 
 

@@ -28,7 +28,7 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
-from autotuner.tuner import memory_margin
+from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.memory_model import MemoryModel, probe_candidates
 from autotuner.tuner.runner import TrialRunner
@@ -106,6 +106,10 @@ def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
         out["startup"] = 1.0
         out["memory"] = min(out["memory"], 0.0)
     m = result.metrics
+    if result.outcome == oc.PRUNED:
+        # Stopped as hopeless: never feasible; the SLO part says how far it was when stopped.
+        ratios = [(m.get(metric) or 0.0) / limit - 1.0 for metric, limit in scenario.slos.items()]
+        out["slo"] = max(min(max(ratios), 10.0), 1e-3) if ratios else 1e-3
     if result.outcome == oc.OK:
         total = (m.get("completed") or 0) + (m.get("failed") or 0)
         failed_share = (m.get("failed") or 0) / total if total else 1.0
@@ -122,7 +126,7 @@ def feasible(constraints: dict[str, float]) -> bool:
 class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
-                 on_event: Event | None = None, warm_start: str | None = None) -> None:
+                 on_event: Event | None = None, warm_start: str | None = None, prune: bool = True) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -133,6 +137,7 @@ class Tuner:
         self.timeout_s = timeout_s if timeout_s is not None else parse_duration(scenario.budget.timeout)
         self.seed = seed
         self.warm_start = warm_start
+        self.prune = prune  # stop hopeless trials during their workload (pruning.py)
         self.on_event = on_event or (lambda _k, _d: None)
         self.objectives = [o.metric for o in scenario.objectives]
         self.directions = [o.direction for o in scenario.objectives]
@@ -340,6 +345,7 @@ class Tuner:
                 trial.set_user_attr(name, value)
         else:
             beat = asyncio.ensure_future(self._heartbeat(trial))
+            judged = pruning.judge.set(self._pruner(study)) if self.prune else None
             try:
                 result = await self._measure(flags)
             except asyncio.CancelledError:
@@ -356,6 +362,8 @@ class Tuner:
                 raise
             finally:
                 beat.cancel()
+                if judged is not None:
+                    pruning.judge.reset(judged)
         launched = violation is None and wall is None
         trial.set_user_attr("launched", launched)
         self._tell(study, trial, kind, result, started)
@@ -366,6 +374,11 @@ class Tuner:
         if launched and not result.infrastructure:
             self.memory.observe(trial.number, merged, result.outcome, result.memory, result.reason)
         return False, launched
+
+    def _pruner(self, study: optuna.Study) -> pruning.Pruner:
+        front = [pruning.FrontPoint(t.number, dict(zip(self.objectives, t.values, strict=True)))
+                 for t in study.best_trials if t.user_attrs.get("feasible")]
+        return pruning.Pruner(self.scenario.slos, list(zip(self.objectives, self.directions, strict=True)), front)
 
     async def _heartbeat(self, trial: optuna.Trial) -> None:
         interval = self._storage.get_heartbeat_interval()
