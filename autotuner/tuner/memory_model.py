@@ -55,8 +55,8 @@ FEATURES = ("const", "util", "budget", "step", "offload")
 PRIOR_MEAN = np.array([0.015, 1.0, 0.0, 0.0, 0.0])
 PRIOR_SD = np.array([0.10, 0.15, 0.30, 0.30, 0.05])
 # Noise on one card's peak (fraction of the card): prior guess and its weight in pseudo-observations.
-NOISE_PRIOR_SD = 0.03
-NOISE_PRIOR_N = 2.0
+NOISE_PRIOR_SD = 0.01
+NOISE_PRIOR_N = 1.0
 NOISE_FLOOR_SD = 0.004
 # Skip a candidate when P(peak > threshold) is at least this.
 SKIP_CONFIDENCE = 0.9
@@ -248,6 +248,30 @@ class MemoryModel:
             if p.high - p.low > best_score:
                 best, best_score = dict(flags), p.high - p.low
         return best
+
+
+def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
+           max_p_over: float = PROBE_MAX_P_OVER) -> dict[str, FlagValue] | None:
+    """The nearest candidate under the wall to one the model ruled out: the same budget and offload at
+    the highest utilization that is likely to serve, else the budget shrunk step by step. The sampler
+    asks where the optimum is, and the optimum of a memory-bound study sits just under the wall."""
+    util = space.distributions.get(UTIL)
+    budget = space.distributions.get(BUDGET)
+    if util is None or not model.observations:
+        return None
+    step = getattr(util, "step", None) or 0.01
+    b = float(_num(flags, BUDGET, model.defaults, 8192))
+    for _ in range(12):
+        u = float(_num(flags, UTIL, model.defaults, 0.9))
+        while u >= float(getattr(util, "low", 0.0)) - 1e-9:
+            candidate = {**flags, UTIL: round(u, 6), BUDGET: int(b)}
+            if model.screen(candidate) is None and model.predict(candidate).p_over <= max_p_over:
+                return {**flags, **space.to_flags(space.clamp(candidate))}
+            u -= step
+        if budget is None or b * 0.8 < float(getattr(budget, "low", 1)):
+            return None
+        b *= 0.8
+    return None
 
 
 def probe_candidates(space: Space, base: Mapping[str, FlagValue], points: int = 7) -> list[dict[str, FlagValue]]:

@@ -30,7 +30,7 @@ from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
-from autotuner.tuner.memory_model import MemoryModel, probe_candidates
+from autotuner.tuner.memory_model import MemoryModel, probe_candidates, repair
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
@@ -50,6 +50,9 @@ MAX_FREE_IN_A_ROW = 30
 SEED_GRACE_S = 60.0
 # Trials after the baseline placed by the memory model to pin the wall.
 WALL_PROBES = 2
+# Kinds of candidates the memory model may rule out (the baseline, the user's own config and warm
+# starts are measured whatever it says: they are references).
+SCREENED = ("search", "repaired")
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -336,13 +339,17 @@ class Tuner:
                                 "flags": flags, "kind": kind})
         merged = {**self.scenario.engine.flags, **flags}
         violation = self.rules.violation(merged) or host_ram_problem(self.scenario, merged)
-        wall = self.memory.screen(merged) if kind == "search" and violation is None else None
+        wall = self.memory.screen(merged) if kind in SCREENED and violation is None else None
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])
         elif wall is not None:
             result = TrialResult(OOM_PREDICTED, f"not launched: {wall.reason}", merged, [])
             for name, value in wall.to_attrs().items():
                 trial.set_user_attr(name, value)
+            nearest = repair(self.memory, self.space, merged) if kind == "search" else None
+            if nearest is not None:  # measured next, in the sampler's place
+                study.enqueue_trial(self.space.clamp(nearest), user_attrs={"kind": "repaired",
+                                                                           "repaired_from": trial.number})
         else:
             beat = asyncio.ensure_future(self._heartbeat(trial))
             judged = pruning.judge.set(self._pruner(study)) if self.prune else None
