@@ -6,11 +6,16 @@ import asyncio
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
+from autotuner.scenario import load_scenario
+from autotuner.store.db import Store
 from autotuner.tuner.memory_model import MemoryModel
-from autotuner.tuner.study import OOM_PREDICTED, launched_trials
+from autotuner.tuner.runner import MeasureRunner
+from autotuner.tuner.study import OOM_PREDICTED, Tuner, launched_trials
 from tests.tuner.test_study import virtual_tuner
+from tests.tuner.test_trial import scenario
 
 
 def test_loop_does_not_launch_what_the_model_rules_out(tmp_path: Path) -> None:
@@ -34,3 +39,26 @@ def test_loop_does_not_launch_what_the_model_rules_out(tmp_path: Path) -> None:
                                            [r for n, r in rows.items() if n < t.number])
         assert earlier.screen(rows[t.number].flags) is not None
     assert len(rows) == len(complete)
+
+
+@pytest.mark.usefixtures("sim_state")
+def test_ruled_out_candidates_launch_no_engine_on_the_simulator(tmp_path: Path) -> None:
+    """Real engine processes: every launched trial left an engine log; the ruled-out ones none."""
+    space = {"max-num-batched-tokens": {"type": "int", "low": 2048, "high": 16384, "log": True},
+             "gpu-memory-utilization": {"type": "float", "low": 0.90, "high": 0.95, "step": 0.01}}
+    sc = load_scenario(scenario(tmp_path, search_space=space, workload__requests__count=6))
+    store = Store(str(tmp_path / "study.db"))
+    logs = tmp_path / "logs"
+    tuner = Tuner(sc, MeasureRunner(sc, logs), store, n_trials=4, seed=0)
+    summary = asyncio.run(tuner.run())
+    assert summary.trials_done == 4
+    rows = store.trials(tuner.study_name)
+    predicted = [r for r in rows if r.outcome == OOM_PREDICTED]
+    launched = [r for r in rows if r.outcome != OOM_PREDICTED]
+    assert predicted, [(r.kind, r.outcome, r.flags) for r in rows]
+    engine_logs = sorted(logs.glob("engine-*.log"))
+    assert len(engine_logs) == len(launched) == 4
+    assert {Path(r.result["engine"]["log_path"]) for r in launched} == set(engine_logs)
+    for r in predicted:
+        assert r.result["argv"] == [] and not r.result["engine"].get("log_path")
+        assert r.started_at >= rows[0].started_at
