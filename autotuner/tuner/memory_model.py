@@ -229,25 +229,28 @@ class MemoryModel:
             return self.predict(flags)
         return Prediction(math.nan, math.nan, math.nan, 1.0, self.limit_fraction, 0)
 
-    def probe(self, candidates: Sequence[Mapping[str, FlagValue]], max_p_over: float = PROBE_MAX_P_OVER
-              ) -> dict[str, FlagValue] | None:
-        """Of `candidates`, the one that teaches the model most while likely to serve: the widest
-        prediction interval (where the coefficients are least pinned, e.g. the budget's slope far from
-        the baseline) among those whose chance of crossing the threshold is at most `max_p_over` (a
-        probe that dies costs an engine run and tells only a bound). Never a measured point again."""
-        if not self.observations:
+    def probe(self, space: Space, base: Mapping[str, FlagValue], index: int,
+              max_p_over: float = PROBE_MAX_P_OVER) -> dict[str, FlagValue] | None:
+        """The `index`-th trial after the baseline: the wall pinned at both ends of the utilization
+        range — at the highest utilization (then the lowest), the largest token budget the model
+        expects to serve (chance of crossing the threshold at most `max_p_over`). The two ends and the
+        baseline fix the wall's slope in both flags, and the best configs of a memory-bound study lie
+        along it (a big KV cache with a small budget, or the reverse). Never a measured point again."""
+        util, budget = space.distributions.get(UTIL), space.distributions.get(BUDGET)
+        if util is None or budget is None or not self.observations:
             return None
+        lo, hi = float(getattr(util, "low", 0.0)), float(getattr(util, "high", 1.0))
+        u = hi if index % 2 == 0 else lo
+        b_lo, b_hi = float(getattr(budget, "low", 256)), float(getattr(budget, "high", 16384))
         seen = {o.x for o in self.observations}
-        best, best_score = None, -math.inf
-        for flags in candidates:
+        for i in range(24, -1, -1):
+            flags = {**base, UTIL: u, BUDGET: b_lo * (b_hi / b_lo) ** (i / 24)}
+            flags = {**base, **space.to_flags(space.clamp(flags))}
             if self.features(flags) in seen or self.screen(flags) is not None:
                 continue
-            p = self.predict(flags)
-            if p.p_over > max_p_over:
-                continue
-            if p.high - p.low > best_score:
-                best, best_score = dict(flags), p.high - p.low
-        return best
+            if self.predict(flags).p_over <= max_p_over:
+                return flags
+        return None
 
 
 def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
@@ -272,31 +275,6 @@ def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
             return None
         b *= 0.8
     return None
-
-
-def probe_candidates(space: Space, base: Mapping[str, FlagValue], points: int = 7) -> list[dict[str, FlagValue]]:
-    """A coarse grid over the space's numeric flags (log-spaced where the space is), on top of `base`."""
-    axes: list[tuple[str, list[float]]] = []
-    for name, dist in space.distributions.items():
-        low, high = getattr(dist, "low", None), getattr(dist, "high", None)
-        if low is None or high is None:
-            continue
-        if getattr(dist, "log", False) and low > 0:
-            values = [low * (high / low) ** (i / (points - 1)) for i in range(points)]
-        else:
-            values = [low + (high - low) * i / (points - 1) for i in range(points)]
-        axes.append((name, values))
-    grid: list[dict[str, FlagValue]] = [dict(base)]
-    for name, values in axes:
-        grid = [{**g, name: v} for g in grid for v in values]
-    seen, out = set(), []
-    for g in grid:
-        flags = {**base, **space.to_flags(space.clamp(g))}
-        key = tuple(sorted((k, str(v)) for k, v in flags.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(flags)
-    return out
 
 
 def rescale(model: MemoryModel, model_from: Any, model_to: Any, tensor_parallel: int = 1,

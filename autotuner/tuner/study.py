@@ -30,7 +30,7 @@ from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
-from autotuner.tuner.memory_model import MemoryModel, probe_candidates, repair
+from autotuner.tuner.memory_model import MemoryModel, repair
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
@@ -323,9 +323,12 @@ class Tuner:
         trials = study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in trials) or not launched_trials(study):
             return
-        if sum(t.user_attrs.get("kind") == "probe" for t in trials) >= WALL_PROBES:
+        probes = sum(t.user_attrs.get("kind") == "probe" for t in trials)
+        if probes >= WALL_PROBES:
             return
-        flags = self.memory.probe(probe_candidates(self.space, self.scenario.engine.flags))
+        baseline = next((t for t in trials if t.user_attrs.get("kind") == "baseline"), None)
+        base = {**self.scenario.engine.flags, **(self.space.to_flags(baseline.params) if baseline else {})}
+        flags = self.memory.probe(self.space, base, probes) or self.memory.probe(self.space, base, probes + 1)
         if flags is not None:
             study.enqueue_trial(self.space.clamp(flags), user_attrs={"kind": "probe"})
 
