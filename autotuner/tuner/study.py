@@ -230,7 +230,8 @@ class Tuner:
             self._storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
             self._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             waiting = [w.params for w in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-            if t.params not in waiting:
+            # No parameters: killed while asking (trials side by side ask while others run); nothing to redo.
+            if t.params and t.params not in waiting:
                 study.enqueue_trial(t.params, user_attrs={"kind": t.user_attrs.get("kind", "search"),
                                                           "requeued_from": t.number})
             requeued.append(t.number)
