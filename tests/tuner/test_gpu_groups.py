@@ -289,3 +289,29 @@ def test_tp_equal_to_the_gpu_count_runs_one_trial_at_a_time(tmp_path: Path, sim_
     assert "side by side" not in done.stdout
     study = only_study(Store(str(db)))
     assert all("gpu_group" not in t.user_attrs for t in study.trials)
+
+
+def test_sigterm_stops_every_group_and_queues_each_trial_again(tmp_path: Path, env: dict[str, str]) -> None:
+    path, db = tp2_on_8(tmp_path), tmp_path / "t.db"
+    engines = tmp_path / "home" / "engines"
+    proc = subprocess.Popen(tune_cmd(path, db), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (engines.is_dir() and len(list(engines.glob("*.json"))) >= 3):
+        time.sleep(0.05)
+    pgids = [int(p.stem) for p in engines.glob("*.json")] if engines.is_dir() else []
+    if len(pgids) < 3:
+        proc.kill()
+        pytest.fail(f"never 3 engines at once within 180 s; trials: {completed(db)}")
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "interrupted" in out
+    for pgid in pgids:
+        assert not group_members(pgid), f"engine group {pgid} still alive after SIGTERM"
+    study = only_study(Store(str(db)))
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    stopped = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len([t for t in stopped if t.params]) >= 3
+    waiting = {t.user_attrs.get("requeued_from") for t in study.get_trials(states=(TrialState.WAITING,))}
+    assert {t.number for t in stopped if t.params} <= waiting
