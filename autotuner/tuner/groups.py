@@ -9,7 +9,6 @@ side (they share CPU, PCIe and host RAM: the noise a trial's user attributes nam
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -103,7 +102,6 @@ class GroupSlots:
     groups: list[GpuGroup]
     _free: list[GpuGroup] = field(init=False)
     _running: dict[int, set[int]] = field(init=False, default_factory=dict)
-    _changed: asyncio.Event = field(init=False, default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self._free = list(self.groups)
@@ -121,7 +119,6 @@ class GroupSlots:
     def give_back(self, group: GpuGroup) -> None:
         self._free.append(group)
         self._free.sort(key=lambda g: g.position)
-        self._changed.set()
 
     def launching(self, number: int) -> None:
         """Trial `number` starts an engine: it and every engine running now are neighbours."""
@@ -132,7 +129,3 @@ class GroupSlots:
     def landed(self, number: int) -> list[int]:
         """Trial `number`'s engine is gone: the trials that ran beside it at any time."""
         return sorted(self._running.pop(number, set()))
-
-    async def wait_for_change(self) -> None:
-        await self._changed.wait()
-        self._changed.clear()
