@@ -249,6 +249,8 @@ def tune(
                                      "0 skips confirmation and soak"),
     soak_for: str = typer.Option("10m", "--soak", help="then soak the confirmed best under the worst workload "
                                  "this long (engine time; 0 skips)"),
+    gpu_groups: str = typer.Option("auto", "--gpu-groups", help="trials side by side on disjoint GPU groups when "
+                                   "one needs fewer GPUs than the box has: auto (as many as fit), N, or off"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
 
@@ -271,18 +273,22 @@ def tune(
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
         from autotuner.store.db import Store, storage_error
         from autotuner.trust.commands import parse_confirm, run_after_tune
+        from autotuner.tuner.groups import parse_setting, plan_groups
         from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
         from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner, parse_duration
         from autotuner.tuner.trial import GpusBusyError
 
+        groups = parse_setting(gpu_groups)
+        if isinstance(groups, int):
+            plan_groups(sc, groups)  # more groups than fit is bad input, before the database is created
         timeout_s = parse_duration(timeout) if timeout is not None else None
         trust_plan, soak_s = parse_confirm(confirm_plan), parse_duration(soak_for) or 0.0
         build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
         runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
-                      warm_start=warm_start)
+                      warm_start=warm_start, gpu_groups=groups)
     except UserInputError as exc:
         raise _fail(exc) from None
     log_to_file(tuner.study_name, quiet)
@@ -332,6 +338,8 @@ def _print_summary(s: Any, storage: str = "sqlite:///autotuner.db") -> None:  # 
                  "space-exhausted": "done (no candidate left worth launching)"}.get(s.ended, "done")
     typer.echo(f"study {s.study_name}: {state}, {s.trials_done}/{s.trials_budget} trials, "
                f"{s.oom_trials} hit OOM, sampler {s.sampler}")
+    if s.gpu_groups:
+        typer.echo(f"trials side by side on {len(s.gpu_groups)} GPU groups: " + " | ".join(s.gpu_groups))
     if s.baseline is not None:
         typer.echo(f"baseline (vLLM defaults): trial {s.baseline['number']}, {s.baseline['outcome']}")
     for best in s.best[:10]:

@@ -5,7 +5,8 @@ is back. Two tuners with different databases (or `measure` beside `tune`) never 
 The kernel drops an `flock` when its holder dies, so a killed tuner never leaves a stale lock; the
 file keeps the holder's PID, for the message the next one prints. Within one process the locks are
 re-entrant (the study holds its GPUs for the whole run, each trial takes them again), since two
-`flock`s of one file from one process would block each other.
+`flock`s of one file from one process would block each other. Trials side by side in one process
+take theirs as `engine` locks: at most one engine holds a GPU, also among this process's trials.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ POLL_S = 0.1
 
 _held_lock = threading.Lock()
 _held: dict[Path, list[int]] = {}  # lock file -> [fd, holds] in this process
+_engines: set[Path] = set()  # lock files an engine of this process holds (trials side by side)
 
 
 class GpusBusyError(InfrastructureError):
@@ -49,14 +51,21 @@ def lock_path(uuid: str, home: Path | None = None) -> Path:
     return (home or autotuner_home()) / LOCKS_DIR / f"{safe}.lock"
 
 
-class GpuLocks:
-    """Exclusive locks on GPUs given as (index, uuid); `acquire` takes all or none."""
+class GpuInUseError(GpusBusyError):
+    """Another trial of this process has an engine on the GPU (a scheduling fault, never expected)."""
 
-    def __init__(self, gpus: Iterable[tuple[int, str]], home: Path | None = None) -> None:
+
+class GpuLocks:
+    """Exclusive locks on GPUs given as (index, uuid); `acquire` takes all or none. `engine`: the locks of
+    one engine's lifetime, which no other engine of this process may share."""
+
+    def __init__(self, gpus: Iterable[tuple[int, str]], home: Path | None = None, engine: bool = False) -> None:
         # A fixed order (by UUID) so that two tuners wanting overlapping sets never deadlock.
         self.gpus = sorted(set(gpus), key=lambda g: g[1])
         self.home = home
+        self.engine = engine
         self._paths: list[Path] = []
+        self._engine_paths: list[Path] = []
 
     def acquire(self, wait_s: float = 0.0) -> None:
         """Raise GpuLockedError naming the holder if a GPU stays locked for `wait_s` seconds."""
@@ -65,6 +74,12 @@ class GpuLocks:
             for index, uuid in self.gpus:
                 path = lock_path(uuid, self.home)
                 with _held_lock:
+                    if self.engine:
+                        if path in _engines:
+                            raise GpuInUseError(f"GPU {index} ({uuid}) already runs an engine of this autotuner "
+                                                "(another trial's): two engines never share a GPU")
+                        _engines.add(path)
+                        self._engine_paths.append(path)
                     if path in _held:
                         _held[path][1] += 1
                         self._paths.append(path)
@@ -78,6 +93,9 @@ class GpuLocks:
             raise
 
     def release(self) -> None:
+        with _held_lock:
+            while self._engine_paths:
+                _engines.discard(self._engine_paths.pop())
         while self._paths:
             path = self._paths.pop()
             with _held_lock:

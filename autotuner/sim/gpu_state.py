@@ -4,7 +4,7 @@ Layout of the state directory (``$AUTOTUNER_SIM_STATE_DIR``, default
 ``${XDG_RUNTIME_DIR or /tmp}/autotuner-sim-gpus-<uid>``)::
 
     inventory.json                 {"gpus": [{"index", "name", "uuid", "memory_total_bytes"}, ...]}
-    holders/gpu<index>-<pid>.json  {"pid", "create_time", "gpu", "bytes", "name", "listed"}
+    holders/gpu<index>-<pid>.json  {"pid", "create_time", "gpu", "bytes", "name", "listed", "peak_bytes"}
 
 Simulated GPU memory is held by processes, the way NVML sees real GPU memory. Each holder (a
 simulated TP worker, see ``autotuner.sim.worker``) writes one holder file per GPU, atomically
@@ -162,10 +162,10 @@ def write_json_atomic(path: Path, payload: object) -> None:
 
 
 def write_holder(state_dir: Path, *, gpu: int, pid: int, create_time: float, nbytes: int, name: str,
-                 listed: bool = True) -> Path:
+                 listed: bool = True, peak_bytes: int | None = None) -> Path:
     path = holder_path(state_dir, gpu, pid)
     payload = {"pid": pid, "create_time": create_time, "gpu": gpu, "bytes": nbytes, "name": name,
-               "listed": listed}
+               "listed": listed, "peak_bytes": max(nbytes, peak_bytes or 0)}
     write_json_atomic(path, payload)
     return path
 

@@ -45,16 +45,18 @@ class HolderFile:
         self.path = holder_path(state_dir, gpu, self.pid)
         self._lock = threading.Lock()
         self._bytes: int | None = None  # None until the first write: nothing to heartbeat yet
+        self._peak = 0  # the most this process held: ground truth for tests of what a monitor saw
 
     def hold(self, nbytes: int) -> None:
         with self._lock:
+            self._peak = max(self._peak, nbytes)
             self._write(nbytes)
             self._bytes = nbytes
 
     def _write(self, nbytes: int) -> None:
         write_holder(
             self.state_dir, gpu=self.gpu, pid=self.pid, create_time=self.create_time, nbytes=nbytes,
-            name=self.name, listed=self.listed,
+            name=self.name, listed=self.listed, peak_bytes=self._peak,
         )  # fmt: skip
 
     def heartbeat(self) -> bool:

@@ -60,6 +60,7 @@ class Current:
     started: float = 0.0
     memory: dict[str, Any] = field(default_factory=dict)
     requests: dict[str, Any] = field(default_factory=dict)
+    gpus: str = "-"  # its GPU group when trials run side by side
 
 
 def clock_text(seconds: float | None) -> str:
@@ -104,13 +105,15 @@ class LiveView:
         self.sampler = ""
         self.budget = 0
         self.done = 0
-        self.current: Current | None = None
+        self.currents: dict[int, Current] = {}  # trials in flight (several on disjoint GPU groups)
+        self.groups: list[str] = []
         self.rows: list[FinishedRow] = []
         self.durations: list[float] = []
         self.searched: list[str] = []
         self.stopped: str | None = None
         self._flags_of: dict[int, dict[str, Any]] = {}
         self._kind_of: dict[int, str] = {}
+        self._gpus_of: dict[int, str] = {}
         self._lock = threading.Lock()  # memory events come from the sampler thread
         self.live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4,
                          transient=False) if live else None
@@ -125,6 +128,15 @@ class LiveView:
             self.live.refresh()
             self.live.__exit__(None, None, None)
 
+    @property
+    def current(self) -> Current | None:
+        """The trial started last, of those in flight."""
+        return self.currents[max(self.currents)] if self.currents else None
+
+    def _of(self, data: dict[str, Any]) -> Current | None:
+        number = data.get("number")
+        return self.currents.get(number) if number is not None else self.current
+
     # --- events ----------------------------------------------------------------------------------------
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         with self._lock:
@@ -136,20 +148,24 @@ class LiveView:
         now = self.clock()
         if kind == "started":
             self.study, self.sampler, self.budget = data["study"], data.get("sampler", ""), data["budget"]
+            self.groups = list(data.get("gpu_groups") or [])
         elif kind == "trial":
-            self.done = data["index"] - 1
+            self.done = data.get("done", data["index"] - 1)
             self.budget = data.get("budget", self.budget)
             flags = dict(data.get("flags") or {})
             self.searched = self.searched or list(flags)
             self._flags_of[data["number"]] = flags
             self._kind_of[data["number"]] = data.get("kind", "search")
-            self.current = Current(data["number"], data["index"], data.get("kind", "search"), flags, started=now)
-        elif kind == "phase" and self.current is not None:
-            self.current.phase = data["phase"]
-        elif kind == "memory" and self.current is not None:
-            self.current.memory = data
-        elif kind == "request" and self.current is not None:
-            self.current.requests = data
+            self._gpus_of[data["number"]] = str(data.get("gpus") or "-")
+            self.currents[data["number"]] = Current(data["number"], data["index"], data.get("kind", "search"), flags,
+                                                    started=now, gpus=str(data.get("gpus") or "-"))
+        elif kind in ("phase", "memory", "request") and (c := self._of(data)) is not None:
+            if kind == "phase":
+                c.phase = data["phase"]
+            elif kind == "memory":
+                c.memory = data
+            else:
+                c.requests = data
         elif kind == "finished":
             self._finished(data, now)
         elif kind == "stopped":
@@ -157,9 +173,9 @@ class LiveView:
 
     def _finished(self, data: dict[str, Any], now: float) -> None:
         number = data["number"]
-        current = self.current if self.current is not None and self.current.number == number else None
+        current = self.currents.pop(number, None)
         if current is not None and data.get("outcome") != "interrupted":
-            self.done = current.index
+            self.done = self.done + 1 if self.groups else current.index
             if current.memory or current.phase != "starting":  # an engine ran: its time predicts the next
                 self.durations.append(now - current.started)
         metrics = data.get("metrics") or {}
@@ -173,7 +189,6 @@ class LiveView:
             values=data.get("values") if data.get("feasible") else None,
             output_tps=metrics.get("output_tokens_per_s"), ttft_p95_s=metrics.get("ttft_p95_s"),
             peak_fraction=peak, reason=_reason(data)))
-        self.current = None
 
     # --- rendering -------------------------------------------------------------------------------------
     def render(self) -> RenderableType:
@@ -188,8 +203,9 @@ class LiveView:
             return None
         median = statistics.median(self.durations)
         left = max(0, self.budget - self.done) * median
-        if self.current is not None:
-            left -= min(median, now - self.current.started)
+        for c in self.currents.values():
+            left -= min(median, now - c.started)
+        left /= max(1, len(self.groups))
         if self.timeout_s is not None:
             left = min(left, max(0.0, self.timeout_s - (now - self.started)))
         return max(0.0, left)
@@ -217,17 +233,24 @@ class LiveView:
             head.append(f"  stopped: {self.stopped}", style="bold red")
         head.no_wrap = True
         head.truncate(self.console.width, overflow="ellipsis")
-        c = self.current
-        if c is None:
+        if not self.currents:
             return Group(head, Text("trial  -", style="dim"))
+        lines: list[RenderableType] = [head]
+        for c in sorted(self.currents.values(), key=lambda c: c.number):
+            lines += self._one_current(c)
+        return Group(*lines)
+
+    def _one_current(self, c: Current) -> list[RenderableType]:
         flags = " ".join(f"{k}={flag_value(v)}" for k, v in c.flags.items())
         r = c.requests
         served = "" if not r else f" {r['done']}/{r['total']} requests" + (
             f" {r['output_tokens_per_s']:,.0f} tok/s" if r.get("output_tokens_per_s") else "")
-        line = Text.assemble(("trial ", "bold"), f"#{c.number} ({c.kind})  ", ("phase ", "bold"),
+        line = Text.assemble(("trial ", "bold"), f"#{c.number} ({c.kind})  ",
+                             ("GPUs ", "bold") if self.groups else "", f"{c.gpus}  " if self.groups else "",
+                             ("phase ", "bold"),
                              (c.phase + served, "cyan"), f"  {clock_text(self.clock() - c.started)}  ", flags)
         line.truncate(self.console.width, overflow="ellipsis")
-        return Group(head, line, *self._gauges(c.memory))
+        return [line, *self._gauges(c.memory)]
 
     def _gauges(self, m: dict[str, Any]) -> list[RenderableType]:
         if not m.get("total_bytes"):
@@ -253,12 +276,13 @@ class LiveView:
     def _table(self) -> Table:
         front = pareto_numbers(self.rows, self.directions)
         best = self._best()
-        headers = ["#", "kind", *(SHORT_FLAG.get(f, f) for f in self.searched), "outcome", "out tok/s", "TTFT p95",
-                   "mem"]
+        headers = ["#", "kind", *(["GPUs"] if self.groups else []), *(SHORT_FLAG.get(f, f) for f in self.searched),
+                   "outcome", "out tok/s", "TTFT p95", "mem"]
         rows = []
         for row in self.rows[-self._room():]:
             rows.append((row, [
                 f"{'*' if row.number in front else ' '}{row.number}", row.kind,
+                *([self._gpus_of.get(row.number, "-")] if self.groups else []),
                 *(flag_value(row.flags[f]) if f in row.flags else "-" for f in self.searched),
                 row.outcome,
                 "-" if row.output_tps is None else f"{row.output_tps:.0f}",
@@ -285,8 +309,9 @@ class LiveView:
     def _room(self) -> int:
         """Rows that fit: the last screenful scrolls, the rest is in `autotuner status`."""
         above = 4 + (1 if self.timeout_s is not None else 0)
-        if self.current is not None:
-            above += len(self.current.memory.get("total_bytes") or [])
+        for c in self.currents.values():
+            above += 1 + len(c.memory.get("total_bytes") or [])
+        above -= 1 if self.currents else 0
         return max(3, self.console.size.height - above - _TABLE_CHROME)
 
     def _best(self) -> int | None:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.engine import classify as oc
@@ -34,7 +34,10 @@ class TrialRunner(ABC):
     """Runs one candidate. Implementations never raise for a candidate's failure."""
 
     @abstractmethod
-    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult: ...
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
+                  gpus: Sequence[int] | None = None) -> TrialResult:
+        """`gpus`: the trial's own GPU group (NVML indices) when trials run side by side; None: the
+        scenario's GPUs."""
 
     @abstractmethod
     def study_key(self) -> StudyKey:
@@ -79,8 +82,10 @@ class MeasureRunner(TrialRunner):
         self.log_dir = log_dir
         self.registry = registry or EngineRegistry()
 
-    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult:
-        return await measure(self.scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase)
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
+                  gpus: Sequence[int] | None = None) -> TrialResult:
+        scenario = self.scenario if gpus is None else on_gpus(self.scenario, gpus)
+        return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase)
 
     def study_key(self) -> StudyKey:
         if self.scenario.engine.kind == "sim":
@@ -91,6 +96,12 @@ class MeasureRunner(TrialRunner):
                 inventory = [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]
             version = engine_version(self.scenario)
         return StudyKey(model_fingerprint(self.scenario), inventory, version, workload_fingerprint(self.scenario))
+
+
+def on_gpus(scenario: Scenario, gpus: Sequence[int]) -> Scenario:
+    """The scenario with its engine pinned to `gpus`: CUDA_VISIBLE_DEVICES, the memory monitor and the
+    per-GPU locks all follow engine.gpus."""
+    return scenario.model_copy(update={"engine": scenario.engine.model_copy(update={"gpus": list(gpus)})})
 
 
 def engine_version(scenario: Scenario) -> str:
@@ -153,7 +164,8 @@ class VirtualRunner(TrialRunner):
         concurrency = w.arrivals.concurrency if w.arrivals.kind == "concurrency" else None
         return self._requests_cache[vocab_size], concurrency
 
-    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult:
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
+                  gpus: Sequence[int] | None = None) -> TrialResult:
         return self.evaluate(flags)
 
     def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:

@@ -24,16 +24,19 @@ from optuna.trial import TrialState
 
 from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
+from autotuner.monitor.sampler import memory_listener
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
+from autotuner.tuner.groups import AUTO, GpuGroup, GroupSlots, plan_groups
 from autotuner.tuner.memory_model import MemoryModel, repair, warm_started
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
+from autotuner.workload.replay import request_listener
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +72,7 @@ class TuneSummary:
     sampler: str = ""
     stopped_reason: str | None = None  # the circuit breaker stopped the run, and why
     ended: str = "budget"  # budget | timeout | space-exhausted | interrupted | stopped
+    gpu_groups: list[str] = field(default_factory=list)  # trials side by side: each group's GPUs
 
     @property
     def exit_code(self) -> int:
@@ -129,7 +133,8 @@ def feasible(constraints: dict[str, float]) -> bool:
 class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
-                 on_event: Event | None = None, warm_start: str | None = None, prune: bool = True) -> None:
+                 on_event: Event | None = None, warm_start: str | None = None, prune: bool = True,
+                 gpu_groups: str | int = AUTO) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -148,16 +153,22 @@ class Tuner:
         self.breaker = CircuitBreaker()
         self._stop = asyncio.Event()
         self._signalled = False
-        self._current: asyncio.Task[TrialResult] | None = None
+        self._measuring: set[asyncio.Future[TrialResult]] = set()
         self._lock_fd: int | None = None
+        self.gpu_groups = gpu_groups
+        self.groups: list[GpuGroup] = []
+        self._study_lock = asyncio.Lock()  # one ask or tell at a time (the sampler sees every RUNNING trial)
 
     # --- control -------------------------------------------------------------------------------------
     def request_stop(self) -> None:
-        """SIGINT/SIGTERM: stop the engine of the trial in flight and end the run."""
+        """SIGINT/SIGTERM: stop the engines of the trials in flight and end the run."""
         self._signalled = True
+        self._stop_all()
+
+    def _stop_all(self) -> None:
         self._stop.set()
-        if self._current is not None:
-            self._current.cancel()
+        for task in list(self._measuring):
+            task.cancel()
 
     # --- study setup ---------------------------------------------------------------------------------
     def _open_study(self) -> tuple[optuna.Study, str]:
@@ -228,7 +239,8 @@ class Tuner:
             self._storage.set_trial_user_attr(t._trial_id, "outcome", INTERRUPTED)
             self._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             waiting = [w.params for w in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-            if t.params not in waiting:
+            # No parameters: killed while asking (trials side by side ask while others run); nothing to redo.
+            if t.params and t.params not in waiting:
                 study.enqueue_trial(t.params, user_attrs={"kind": t.user_attrs.get("kind", "search"),
                                                           "requeued_from": t.number})
             requeued.append(t.number)
@@ -276,41 +288,71 @@ class Tuner:
         # Other processes' memory on the GPUs caps the utilization that can start (GpusBusyError if
         # another autotuner holds them).
         self.space = fit_utilization_to_free(self.space, gpu_headroom(self.scenario))
+        self.groups = plan_groups(self.scenario, self.gpu_groups)
         study, sampler = self._open_study()
         requeued = self._recover(study)
         self._seed_trials(study)
+        labels = [g.label() for g in self.groups] if len(self.groups) > 1 else []
         log.info("tune.started", study=self.study_name, sampler=sampler, trials=self.n_trials,
-                 requeued=requeued, storage=self.store.url)
+                 requeued=requeued, storage=self.store.url, gpu_groups=labels)
         self.on_event("started", {"study": self.study_name, "sampler": sampler, "budget": self.n_trials,
-                                  "requeued": requeued})
-        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        free_in_a_row = 0
-        ended = "budget"
+                                  "requeued": requeued, "gpu_groups": labels})
         self._learn_wall(study)
-        while not self._stop.is_set():
-            done = len(launched_trials(study))
-            if done >= self.n_trials:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                log.info("tune.timeout", study=self.study_name)
-                ended = "timeout"
-                break
-            if free_in_a_row >= MAX_FREE_IN_A_ROW:
-                log.warning("tune.space_exhausted", study=self.study_name, rejected_in_a_row=free_in_a_row)
-                ended = "space-exhausted"
-                break
-            if self.breaker.tripped is not None:
-                log.error("tune.stopped", study=self.study_name, reason=self.breaker.tripped)
-                ended = "stopped"
-                break
-            self._probe_wall(study)
-            interrupted, launched = await self._one(study, done)
-            if interrupted:
-                break
-            free_in_a_row = 0 if launched else free_in_a_row + 1
+        ended = await self._schedule(study)
         if self._signalled or self._stop.is_set():
             ended = "interrupted"
         return self._summary(study, sampler, ended)
+
+    async def _schedule(self, study: optuna.Study) -> str:
+        """Start a trial on each free GPU group while the budget allows, until the budget, the time or
+        the space runs out; with one group this is one trial after the other."""
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        slots = GroupSlots(self.groups)
+        running: dict[asyncio.Future[tuple[bool, bool]], GpuGroup] = {}
+        self._free_in_a_row = 0
+        ended = "budget"
+        error: BaseException | None = None
+        while True:
+            while slots.free() and not self._stop.is_set():
+                done = len(launched_trials(study))
+                why = self._why_end(done + len(running), deadline)
+                if why is not None:
+                    ended = why
+                    break
+                group = slots.take()
+                running[asyncio.ensure_future(self._one(study, done, group, slots, len(running)))] = group
+            if not running:
+                break
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                slots.give_back(running.pop(task))
+                if task.exception() is not None:
+                    # Bad input or busy GPUs: stop the other trials (recorded, queued again) and say why.
+                    error = error or task.exception()
+                    self._stop_all()
+                    continue
+                interrupted, launched = task.result()
+                if interrupted:
+                    self._stop_all()
+                self._free_in_a_row = 0 if launched else self._free_in_a_row + 1
+        if error is not None:
+            raise error
+        return ended
+
+    def _why_end(self, started: int, deadline: float | None) -> str | None:
+        """Why no further trial may start now (None: one may)."""
+        if started >= self.n_trials:
+            return "budget"
+        if deadline is not None and time.monotonic() >= deadline:
+            log.info("tune.timeout", study=self.study_name)
+            return "timeout"
+        if self._free_in_a_row >= MAX_FREE_IN_A_ROW:
+            log.warning("tune.space_exhausted", study=self.study_name, rejected_in_a_row=self._free_in_a_row)
+            return "space-exhausted"
+        if self.breaker.tripped is not None:
+            log.error("tune.stopped", study=self.study_name, reason=self.breaker.tripped)
+            return "stopped"
+        return None
 
     def _learn_wall(self, study: optuna.Study) -> None:
         # The memory model learns from every measured trial so far (a resumed study starts where it was).
@@ -334,14 +376,24 @@ class Tuner:
         if flags is not None:
             study.enqueue_trial(self.space.clamp(flags), user_attrs={"kind": "probe"})
 
-    async def _one(self, study: optuna.Study, done: int) -> tuple[bool, bool]:
-        """One candidate; returns (interrupted, launched)."""
-        trial = study.ask(self.space.distributions)
+    async def _one(self, study: optuna.Study, done: int, group: GpuGroup, slots: GroupSlots,
+                   in_flight: int = 0) -> tuple[bool, bool]:
+        """One candidate on one GPU group (`done` engine runs finished, `in_flight` others started);
+        returns (interrupted, launched)."""
+        async with self._study_lock:
+            self._probe_wall(study)
+            # Off the event loop: a sampler's ask may take a second, and the trials running beside
+            # this one must not stall meanwhile (their TTFT would grow).
+            trial = await asyncio.to_thread(study.ask, self.space.distributions)
         kind = str(trial.user_attrs.get("kind", "search"))
         flags = self.space.to_flags(trial.params)
         started = time.time()
-        self.on_event("trial", {"number": trial.number, "index": done + 1, "budget": self.n_trials,
-                                "flags": flags, "kind": kind})
+        if self._stop.is_set():  # stopped while asking: queued again, never launched
+            self._record_interrupted(study, trial, kind, flags, started)
+            return True, False
+        self._listen_as(trial.number)
+        self.on_event("trial", {"number": trial.number, "index": done + in_flight + 1, "done": done,
+                                "budget": self.n_trials, "flags": flags, "kind": kind, "gpus": group.label()})
         merged = {**self.scenario.engine.flags, **flags}
         violation = self.rules.violation(merged) or host_ram_problem(self.scenario, merged)
         wall = self.memory.screen(merged) if kind in SCREENED and violation is None else None
@@ -358,13 +410,16 @@ class Tuner:
         else:
             beat = asyncio.ensure_future(self._heartbeat(trial))
             judged = pruning.judge.set(self._pruner(study)) if self.prune else None
+            slots.launching(trial.number)
             try:
-                result = await self._measure(flags)
+                result = await self._measure(flags, trial.number, group)
             except asyncio.CancelledError:
+                self._side_by_side(trial, group, slots)
                 self._record_interrupted(study, trial, kind, flags, started)
                 return True, True
             except GpusBusyError as exc:
                 # Never launched: end the trial (not RUNNING forever) and queue the candidate again.
+                slots.landed(trial.number)
                 trial.set_user_attr("outcome", GPUS_BUSY)
                 trial.set_user_attr("reason", str(exc))
                 study.tell(trial, state=TrialState.FAIL)
@@ -376,9 +431,11 @@ class Tuner:
                 beat.cancel()
                 if judged is not None:
                     pruning.judge.reset(judged)
+            self._side_by_side(trial, group, slots)
         launched = violation is None and wall is None
         trial.set_user_attr("launched", launched)
-        self._tell(study, trial, kind, result, started)
+        async with self._study_lock:
+            self._tell(study, trial, kind, result, started)
         if launched:
             tripped = self.breaker.record(result.infrastructure, result.reason)
             if tripped is not None:
@@ -392,17 +449,37 @@ class Tuner:
                  for t in study.best_trials if t.user_attrs.get("feasible")]
         return pruning.Pruner(self.scenario.slos, list(zip(self.objectives, self.directions, strict=True)), front)
 
+    def _side_by_side(self, trial: optuna.Trial, group: GpuGroup, slots: GroupSlots) -> None:
+        """Noise the numbers carry: the trial's GPUs and the trials that ran beside it (sharing CPU, PCIe
+        and host RAM); confirmation re-measures alone."""
+        neighbours = slots.landed(trial.number)
+        if group.gpus is not None:
+            trial.set_user_attr("gpu_group", list(group.gpus))
+            trial.set_user_attr("neighbours", neighbours)
+
+    def _listen_as(self, number: int) -> None:
+        """The live view's memory and request listeners, told which trial they hear (this task's context
+        only: trials side by side each have their own)."""
+        for var in (memory_listener, request_listener):
+            heard = var.get()
+            if heard is not None:
+                var.set(_Tagged(heard, number))  # type: ignore[arg-type]
+
     async def _heartbeat(self, trial: optuna.Trial) -> None:
         interval = self._storage.get_heartbeat_interval()
         while interval:
             await asyncio.to_thread(self._storage.record_heartbeat, trial._trial_id)
             await asyncio.sleep(interval)
 
-    async def _measure(self, flags: dict[str, FlagValue]) -> TrialResult:
+    async def _measure(self, flags: dict[str, FlagValue], number: int, group: GpuGroup) -> TrialResult:
+        def phase(name: str) -> None:
+            self.on_event("phase", {"phase": name, "number": number})
+
         for attempt in (1, 2):
-            self._current = asyncio.ensure_future(self.runner.run(flags, self._phase))
+            task = asyncio.ensure_future(self.runner.run(flags, phase, gpus=group.gpus))
+            self._measuring.add(task)
             try:
-                result = await self._current
+                result = await task
             except (UserInputError, GpusBusyError):
                 raise  # nothing the next candidate could do better: end the study with the message
             except Exception as exc:  # a fault of ours or of the machine, not of the candidate
@@ -410,7 +487,7 @@ class Tuner:
                 result = TrialResult(oc.CRASH, f"internal error: {type(exc).__name__}: {exc}",
                                      {**self.scenario.engine.flags, **flags}, [], infrastructure=True)
             finally:
-                self._current = None
+                self._measuring.discard(task)
             machine = None if result.infrastructure else _machine_fault(result)
             if machine is not None:
                 # Not the candidate's fault, and no retry would change it: a FAIL trial for the breaker.
@@ -422,9 +499,6 @@ class Tuner:
                 return result
             log.warning("trial.infrastructure_retry", reason=result.reason)
         raise AssertionError("unreachable")
-
-    def _phase(self, phase: str) -> None:
-        self.on_event("phase", {"phase": phase})
 
     def _placeholders(self, study: optuna.Study) -> list[float]:
         """Worst feasible values so far: the sampler learns the wall without a fake optimum."""
@@ -503,11 +577,22 @@ class Tuner:
                          for t in complete if t.user_attrs.get("kind") == "baseline"), None)
         summary = TuneSummary(self.study_name, len(launched_trials(study)), self.n_trials, ooms,
                               ended == "interrupted", best, baseline, sampler,
-                              self.breaker.tripped if ended == "stopped" else None, ended)
+                              self.breaker.tripped if ended == "stopped" else None, ended,
+                              [g.label() for g in self.groups] if len(self.groups) > 1 else [])
         log.info("tune.finished", study=self.study_name, trials=summary.trials_done, oom_trials=ooms,
                  not_launched=len(complete) - summary.trials_done,
                  pareto=len(best), ended=ended, stopped_reason=summary.stopped_reason)
         return summary
+
+
+class _Tagged:
+    """A listener that adds the trial's number to what it hears."""
+
+    def __init__(self, listener: Event, number: int) -> None:
+        self.listener, self.number = listener, number
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        self.listener(kind, {**data, "number": self.number})
 
 
 def _machine_fault(result: TrialResult) -> str | None:

@@ -195,7 +195,7 @@ async def measure(
         foreign: list[ForeignMemory] = []
         if not isinstance(monitor, HostMonitor):
             # Held from the check until our engine has stopped and its memory is back (in _run).
-            locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()])
+            locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()], engine=True)
             locks.acquire()
         reaped = registry.reap_orphans()
         if reaped:

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,9 @@ class RecordingRunner(MeasureRunner):
         super().__init__(*args, **kwargs)
         self.attempts: list[TrialResult] = []
 
-    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None) -> TrialResult:
-        result = await super().run(flags, on_phase)
+    async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
+                  gpus: Sequence[int] | None = None) -> TrialResult:
+        result = await super().run(flags, on_phase, gpus=gpus)
         self.attempts.append(result)
         return result
 

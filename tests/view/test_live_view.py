@@ -153,3 +153,28 @@ def test_the_best_feasible_row_is_highlighted() -> None:
     best = next(line for line in lines if "2380" in line)
     other = next(line for line in lines if "1902" in line)
     assert "\x1b[1;32m" in best and "\x1b[1;32m" not in other
+
+
+def test_trials_side_by_side_each_have_their_line_gauges_and_group() -> None:
+    console = Console(width=120, height=40, file=io.StringIO(), record=True, color_system=None)
+    clock = Clock()
+    view = LiveView(["output_tokens_per_s", "ttft_p95_s"], ["maximize", "minimize"], None, console=console,
+                    clock=clock, live=False)
+    view("started", {"study": "s", "sampler": "TPE", "budget": 8, "requeued": [], "gpu_groups": ["0,1", "2,3"]})
+    view("trial", {**trial(0, 2048, 0.9, "baseline"), "gpus": "0,1", "done": 0})
+    view("trial", {**trial(1, 1024, 0.9, "probe"), "index": 2, "gpus": "2,3", "done": 0})
+    view("phase", {"phase": "replay", "number": 0})
+    view("phase", {"phase": "warm-up", "number": 1})
+    view("memory", {**memory([61.0, 60.5], [60.0, 60.0]), "gpus": [0, 1], "number": 0})
+    view("memory", {**memory([41.0, 40.5], [40.0, 40.0]), "gpus": [2, 3], "number": 1})
+    clock.t += 30
+    view("finished", finished(1, "ok", True, 1500.0, 0.8, 0.5))
+    console.print(view.render())
+    text = console.export_text()
+    # One engine run of 20 finished in 30 s; 19 left minus the one running, on 2 groups at once.
+    assert "1/20" in text and "ETA 0:04:30" in text
+    assert "#0 (baseline)  GPUs 0,1  phase replay" in text
+    assert "#1 (probe)" not in text  # finished: a row of the table now
+    row = next(line for line in text.splitlines() if line.split() and line.split()[0].lstrip("*") == "1")
+    assert "2,3" in row and "1500" in row
+    assert "GPU 0" in text and "GPU 2" not in text  # only the gauges of the trial still in flight
