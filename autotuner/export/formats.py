@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -140,7 +140,12 @@ def render_yaml(d: Deployment) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in d.run_env().items())
     usage = [f"run: {env + ' ' if env else ''}vllm serve {shlex.quote(d.model)} --config THIS_FILE",
              "(the model is the command's positional argument, not a key of this file)"]
-    return _header(d, usage) + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return _header(d, usage) + config_yaml_body(body)
+
+
+def config_yaml_body(body: Mapping[str, Any]) -> str:
+    """The keys of a `vllm serve --config` file, as every writer of one renders them (export, deploy)."""
+    return yaml.safe_dump(dict(body), sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def _compose_escape(value: str) -> str:
@@ -188,7 +193,7 @@ def render_compose(d: Deployment) -> str:
                                               default_flow_style=False, allow_unicode=True, width=1000)
 
 
-def _systemd_escape(value: str) -> str:
+def systemd_escape(value: str) -> str:
     # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=; a line break
     # would end the setting, so control characters are written as C escapes (which systemd decodes).
     value = value.replace("%", "%%").replace("$", "$$")
@@ -203,7 +208,7 @@ def render_systemd(d: Deployment) -> str:
     name = d.served_model_name or d.model
     lines = [
         "[Unit]",
-        f"Description=vLLM serving {_systemd_escape(one_line(name))} (autotuner study {d.certificate.study}, "
+        f"Description=vLLM serving {systemd_escape(one_line(name))} (autotuner study {d.certificate.study}, "
         f"trial {d.certificate.trial})",
         "After=network-online.target",
         "Wants=network-online.target",
@@ -212,13 +217,13 @@ def render_systemd(d: Deployment) -> str:
         "Type=simple",
     ]
     for key, value in d.run_env().items():
-        escaped = _systemd_escape(f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"'))
+        escaped = systemd_escape(f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"'))
         lines.append(f'Environment="{escaped}"')
     lines += [
         f"# Secrets ({', '.join([API_KEY_VAR, *d.secret_env])}) go in this root-only file, never in the unit:",
         "EnvironmentFile=-/etc/vllm/vllm.env",
         "# vllm must be on systemd's PATH; for a virtualenv, write its absolute path instead of /usr/bin/env vllm.",
-        "ExecStart=/usr/bin/env " + _systemd_escape(shlex.join(d.argv())),
+        "ExecStart=/usr/bin/env " + systemd_escape(shlex.join(d.argv())),
         "Restart=on-failure",
         "RestartSec=10",
         f"TimeoutStartSec={int(d.startup_timeout_s)}",

@@ -163,8 +163,11 @@ def parse_args(
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     if known.config:
-        # vLLM puts the file's options first so that the command line wins.
-        argv = config_file_argv(known.config) + argv
+        # As vLLM does: the file's options go right after the model tag (when it comes first), before the
+        # rest of the command line, so that the command line wins and a list option from the file (e.g.
+        # served-model-name) cannot swallow the model tag.
+        at = 1 if argv and not argv[0].startswith("-") else 0
+        argv = argv[:at] + config_file_argv(known.config) + argv[at:]
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
