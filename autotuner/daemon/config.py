@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autotuner.deploy.spec import DeploySpec
+from autotuner.deploy.spec import KINDS, DeploySpec
 from autotuner.errors import UserInputError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.scenario import Scenario, load_scenario
@@ -227,6 +227,12 @@ class DaemonConfig(_Model):
         return str(self.resolve(Path(self.storage)))
 
 
+def _tag(exc: ValidationError) -> str | None:
+    """The deploy kind pydantic puts in an error's location (`deploy.command.start`), not a key of the file."""
+    loc = exc.errors()[0]["loc"]
+    return str(loc[1]) if len(loc) > 2 and loc[0] == "deploy" and loc[1] in KINDS else None
+
+
 @dataclass(frozen=True)
 class LoadedConfig:
     config: DaemonConfig
@@ -242,9 +248,13 @@ def load_config(path: str | Path) -> LoadedConfig:
         raise DaemonConfigError(f"{path}:1: (top level): a daemon config is a mapping with at least scenario, "
                                 "production and deploy")
     try:
-        config = DaemonConfig.model_validate({**data, "source": path.resolve()})
+        # Relative paths of the deploy section are relative to this file, as the scenario's are.
+        config = DaemonConfig.model_validate({**data, "source": path.resolve()},
+                                             context={"base_dir": path.resolve().parent})
     except ValidationError as exc:
-        raise DaemonConfigError(first_error(exc, path, lambda loc: line_of(node, loc))) from None
+        tag = _tag(exc)
+        raise DaemonConfigError(first_error(exc, path, lambda loc: line_of(node, tuple(p for p in loc if p != tag)))
+                                .replace(f": deploy.{_tag(exc)}.", ": deploy.", 1)) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise DaemonConfigError(f"{path}: cannot be read as a daemon config: {exc}") from None
     try:

@@ -321,15 +321,9 @@ class CycleDriver:
         return self.states.transition(cycle, DONE, {"reason": cycle.reason}, outcome=outcome, **self._back_up(cycle))
 
     def _previous_file(self) -> dict[str, Any] | None:
-        """The flags of `<config>.previous`, the file restore_previous() puts back."""
-        import yaml
-
-        path = Path(str(self.target.config_path) + ".previous")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            return None
-        return data if isinstance(data, dict) else None
+        """The flags of `<config>.previous`, the file restore_previous() puts back (file-backed targets)."""
+        previous = getattr(self.target, "previous", None)
+        return previous() if callable(previous) else None
 
     # --- production ------------------------------------------------------------------------------------
     def _back_up(self, cycle: Cycle) -> dict[str, Any]:
