@@ -202,6 +202,32 @@ def verify(
     raise typer.Exit(0 if verdict.ok else 1)
 
 
+@app.command("init", epilog="Exit status: 0 files written; 2 bad input (unparsable command line, unknown flag, "
+             "unreachable endpoint, a file that exists without --force): nothing written.")
+def init(
+    from_cmd: str | None = typer.Option(None, "--from-cmd", help="the command that starts production, quoted: "
+                                        "'vllm serve MODEL --tensor-parallel-size 8 ...'"),
+    from_endpoint: str | None = typer.Option(None, "--from-endpoint", help="a running vLLM, e.g. "
+                                             "http://127.0.0.1:8000: model, context and traffic lengths"),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="variable holding the endpoint's API key"),
+    out: Path = typer.Option(Path("."), "--out", help="directory for scenario.yaml and autotuner-daemon.yaml"),
+    force: bool = typer.Option(False, "--force", help="overwrite files init wrote before"),
+) -> None:
+    """Write a scenario and a daemon config from what you already run (command line and/or endpoint)."""
+    from autotuner.errors import UserInputError
+    from autotuner.init import run_init
+
+    try:
+        result = run_init(from_cmd, from_endpoint, api_key_env=api_key_env, out=out, force=force)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    for line in result.inferred:
+        typer.echo(f"inferred: {line}")
+    for line in result.check:
+        typer.echo(f"check: {line}")
+    typer.echo(f"wrote {result.scenario_path} and {result.daemon_path}")
+
+
 @app.command(epilog="Exit status: 0 the trial budget or the time budget ran out (or the space was "
              "exhausted), or SIGINT/SIGTERM stopped it cleanly (the summary says interrupted; run the same "
              "command again to resume); 1 stopped by the circuit breaker (machine faults, e.g. a broken driver "

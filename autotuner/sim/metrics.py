@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from autotuner.vllm import metrics as names
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -52,6 +54,7 @@ class Histogram:
 @dataclass
 class EngineMetrics:
     model_name: str
+    max_model_len: int = 8192  # the request length histograms' top bucket, as in vLLM
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
@@ -72,6 +75,20 @@ class EngineMetrics:
         LATENCY_BUCKETS))
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(
         "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", TOKEN_BUCKETS))
+    request_prompt: Histogram = field(init=False)
+    request_generation: Histogram = field(init=False)
+
+    def __post_init__(self) -> None:
+        buckets = tuple(float(b) for b in names.build_1_2_5_buckets(self.max_model_len))
+        self.request_prompt = Histogram(names.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.",
+                                        buckets)
+        self.request_generation = Histogram(names.REQUEST_GENERATION_TOKENS,
+                                            "Number of generation tokens processed.", buckets)
+
+    def finished(self, prompt_tokens: int, output_tokens: int) -> None:
+        """A request finished (any reason but abort, as vLLM counts them)."""
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(output_tokens)
 
     def render(self) -> str:
         labels = f'engine="0",model_name="{self.model_name}"'
@@ -82,27 +99,28 @@ class EngineMetrics:
             lines.append(f"# TYPE {name} {kind}")
             lines.append(f"{name}{{{labels}{extra}}} {float(value)}")
 
-        scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+        scalar(names.NUM_REQUESTS_RUNNING, "gauge", "Number of requests in model execution batches.",
                self.running)
-        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+        scalar(names.NUM_REQUESTS_WAITING, "gauge", "Number of requests waiting to be processed.",
                self.waiting)
-        scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+        scalar(names.KV_CACHE_USAGE, "gauge", "KV-cache usage. 1 means 100 percent usage.",
                self.kv_cache_usage)
         scalar("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of "
                "queried tokens.", self.prefix_queries)
         scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached "
                "tokens.", self.prefix_hits)
-        scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
-               self.preemptions)
-        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+        scalar(names.counter_sample(names.NUM_PREEMPTIONS), "counter",
+               "Cumulative number of preemption from the engine.", self.preemptions)
+        scalar(names.counter_sample(names.PROMPT_TOKENS), "counter", "Number of prefill tokens processed.",
                self.prompt_tokens)
-        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+        scalar(names.counter_sample(names.GENERATION_TOKENS), "counter", "Number of generation tokens processed.",
                self.generation_tokens)
         lines.append("# HELP vllm:request_success_total Count of successfully processed requests.")
         lines.append("# TYPE vllm:request_success_total counter")
         for reason in ("stop", "length", "abort"):
             lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
                          f"{float(self.success.get(reason, 0))}")
-        for hist in (self.ttft, self.itl, self.e2e, self.queue, self.iteration_tokens):
+        for hist in (self.ttft, self.itl, self.e2e, self.queue, self.iteration_tokens, self.request_prompt,
+                     self.request_generation):
             lines += hist.render(labels)
         return "\n".join(lines) + "\n"

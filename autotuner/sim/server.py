@@ -69,7 +69,7 @@ class SimEngine:
         self.workers = workers
         self.log = log
         self.speedup = config.sim.speedup
-        self.metrics = EngineMetrics(config.served_model_names[0])
+        self.metrics = EngineMetrics(config.served_model_names[0], config.max_model_len)
         self.streams: dict[SimRequest, Stream] = {}
         self.dead = False
         self.died = asyncio.Event()
@@ -155,6 +155,7 @@ class SimEngine:
             if stream is None:
                 continue
             m.e2e.observe(result.end - req.arrival)
+            m.finished(req.prompt_len, req.output_len)
             self.finished_log.append({
                 "id": req.request_id, "arrival_s": req.arrival, "first_token_s": req.first_token,
                 "finished_s": req.finished_at, "prompt_tokens": req.prompt_len,
