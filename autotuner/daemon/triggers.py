@@ -64,6 +64,8 @@ class TriggerWatch:
     last_reachable: ProductionSnapshot | None = None
     kv_climb: int = 0
     log_offset: int | None = None
+    down_since: float | None = None  # production unreachable since (a restart by a person is short)
+    down_fired: bool = False
 
     def __post_init__(self) -> None:
         self.log_offset = self._log_size()  # OOMs before we started are not news
@@ -98,6 +100,7 @@ class TriggerWatch:
         self.history.clear()
         self.last = None
         self.kv_climb = 0
+        self.down_since, self.down_fired = None, False
         self.log_offset = self._log_size()
 
     def observe(self, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...], ref: dict[str, Any] | None,
@@ -120,7 +123,7 @@ class TriggerWatch:
             if ref.get("gpus") and now_gpus != ref["gpus"]:
                 fired.append(Trigger(GPU_CHANGE, {"before": ref["gpus"], "after": now_gpus}))
         if s.production_oom:
-            fired += self._health(snap)
+            fired += self._health(snap, now, scenario.engine.startup_timeout_s)
         if s.workload_drift is not None and snap.reachable and snap.prompt_tokens is not None:
             fired += self._drift(snap.prompt_tokens, scenario, now)
         if s.schedule is not None and last_cycle_at is not None and now - last_cycle_at >= s.schedule.every:
@@ -130,15 +133,22 @@ class TriggerWatch:
             self.last_reachable = snap
         return fired
 
-    def _health(self, snap: ProductionSnapshot) -> list[Trigger]:
+    def _health(self, snap: ProductionSnapshot, now: float, grace_s: float) -> list[Trigger]:
         fired = []
         lines = self.new_log_ooms()
         if lines:
             fired.append(Trigger(OOM, {"log": str(self.log_path), "lines": lines[-5:], "count": len(lines),
                                        **self._observed()}))
         prev = self.last
-        if prev is not None and prev.reachable and not snap.reachable and not lines:
-            fired.append(Trigger(CRASH, {"error": snap.error, **self._observed()}))
+        if snap.reachable:
+            self.down_since, self.down_fired = None, False
+        elif self.down_since is None and prev is not None and prev.reachable:
+            self.down_since = now
+        # Down for longer than an engine may take to start: not a restart by a person, a crash.
+        if self.down_since is not None and not self.down_fired and now - self.down_since >= grace_s and not lines:
+            self.down_fired = True
+            fired.append(Trigger(CRASH, {"error": snap.error, "down_s": round(now - self.down_since, 1),
+                                         **self._observed()}))
         elif prev is not None and prev.reachable and snap.reachable and _went_back(prev, snap) and not lines:
             fired.append(Trigger(CRASH, {"error": "the service restarted (its request counters went back to zero)",
                                          **self._observed()}))
@@ -170,7 +180,7 @@ class TriggerWatch:
         window = hist.since(self.history[0][1]) if len(self.history) > 1 else hist
         if window.count < d.min_requests:
             return []
-        drift = prompt_drift(scenario, window)
+        drift = prompt_drift(scenario, window, min_requests=d.min_requests)
         if drift is None or drift.ratio < d.p95_ratio:
             return []
         self.history.clear()  # once per window of evidence
