@@ -13,6 +13,7 @@ the triggers).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,8 +95,19 @@ reference = sa.Table(
 _JSON_COLUMNS = ("evidence", "observed", "scenario", "previous_flags", "candidate_flags", "certificate")
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no infinity or NaN (GET /status must stay parseable): such a number is stored as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _dump(value: Any) -> str | None:
-    return None if value is None else redact(json.dumps(value, default=str, sort_keys=True))
+    return None if value is None else redact(json.dumps(_finite(value), default=str, sort_keys=True))
 
 
 def _load(text: str | None) -> Any:

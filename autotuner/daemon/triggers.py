@@ -5,6 +5,7 @@ window) and with the clock (schedule). Probes come from `autotuner.watch`; nothi
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ def identity(snapshot: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> dict[st
 
 
 def histogram_dict(h: LengthHistogram | None) -> dict[str, Any] | None:
-    return None if h is None else {"buckets": [list(b) for b in h.buckets], "count": h.count, "sum": h.sum}
+    """As JSON holds it: the last bucket's bound is "+Inf", as in the Prometheus text (JSON has no infinity)."""
+    if h is None:
+        return None
+    return {"buckets": [["+Inf" if math.isinf(le) else le, c] for le, c in h.buckets], "count": h.count, "sum": h.sum}
 
 
 def histogram_of(data: dict[str, Any] | None) -> LengthHistogram | None:

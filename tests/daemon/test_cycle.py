@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -73,6 +75,12 @@ def test_model_swap_is_detected_retuned_warm_deployed_and_verified(deployment) -
     assert d.status()["counts"]["cycles"] == 1
     assert d.stop_daemon() == 0
     assert len(d.production_processes()) == 1
+    # `daemon status` says the same from the database, with the daemon gone.
+    out = subprocess.run([sys.executable, "-m", "autotuner", "daemon", "status", str(d.root / "daemon.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"deployed: trial {status['deployed']['trial']} of study {new_study}" in out.stdout
+    assert "last cycle 1: deployed (trigger model-swap" in out.stdout
 
 
 def test_candidate_that_fails_verify_is_rolled_back(deployment) -> None:
@@ -99,6 +107,11 @@ def test_candidate_that_fails_verify_is_rolled_back(deployment) -> None:
     assert d.production_healthy()
     assert status["counts"]["rollbacks"] == 1
     assert "autotuner_daemon_rollbacks_total 1.0" in d.metrics()
+    # Only /healthz without the token.
+    base = f"http://127.0.0.1:{d.daemon_port}"
+    assert httpx.get(base + "/status", trust_env=False).status_code == 401
+    assert httpx.get(base + "/metrics", headers={"Authorization": "Bearer wrong"}, trust_env=False).status_code == 401
+    assert httpx.get(base + "/healthz", trust_env=False).status_code == 200
     assert d.stop_daemon() == 0
 
 
@@ -157,4 +170,58 @@ def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> No
                    timeout=30, trust_env=False)
     assert r.status_code == 200, r.text
     assert status["state"] == "idle"
+    assert d.stop_daemon() == 0
+
+
+def _long_prompts(d, n: int, concurrency: int, seed: int) -> list[int]:
+    """n completions of ~1900-token prompts, `concurrency` at a time; their HTTP statuses (0: no answer).
+    Each seed its own prompts: a prompt seen before would be served from the prefix cache."""
+    async def one(http: httpx.AsyncClient, i: int) -> int:
+        prompt = [(7919 * seed + 7 * i + j) % 31000 + 100 for j in range(1850 + 10 * i)]
+        try:
+            r = await http.post(d.endpoint + "/v1/completions", json={
+                "model": "llama-2-7b", "prompt": prompt, "max_tokens": 32, "ignore_eos": True})
+            return r.status_code
+        except httpx.HTTPError:
+            return 0
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+            out: list[int] = []
+            for start in range(0, n, concurrency):
+                out += await asyncio.gather(*(one(http, i) for i in range(start, min(n, start + concurrency))))
+            return out
+    return asyncio.run(run())
+
+
+def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> None:
+    # The scenario was written for short prompts; production's hand-made config has a large token budget that
+    # survives them, and one long prompt at a time, but not four at once.
+    scenario = json.loads(json.dumps(SCENARIO))
+    scenario["workload"]["requests"]["prompt_tokens"] = {"kind": "uniform", "low": 100, "high": 600}
+    scenario["workload"]["arrivals"]["concurrency"] = 4
+    initial = {"max-model-len": 4096, "max-num-batched-tokens": 3072, "gpu-memory-utilization": 0.93}
+    d = deployment(scenario=scenario, initial=initial)
+    d.start_daemon()
+    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+
+    assert _long_prompts(d, 4, 1, seed=1) == [200] * 4
+    time.sleep(3)  # a poll sees those lengths in /metrics before production dies
+    assert set(_long_prompts(d, 4, 4, seed=2)) != {200}, "the burst of long prompts should kill the deployed config"
+    status = d.wait_cycle_done()
+
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["trigger_kind"] == "production-oom", cycle
+    assert "CUDA out of memory" in " ".join(json.loads(cycle["evidence"])["lines"])
+    prompts = json.loads(cycle["scenario"])["changes"]["workload.requests.prompt_tokens"]
+    assert prompts["high"] >= 1900, prompts  # tuned for the lengths production saw, not the scenario's 600
+    assert cycle["outcome"] == "deployed", cycle
+    assert d.live_config() == d.running_config() == json.loads(cycle["candidate_flags"])
+    # The new config survives the workload that killed the old one.
+    ooms_before = d.root.joinpath("vllm.log").read_text().count("CUDA out of memory")
+    assert _long_prompts(d, 8, 4, seed=3) == [200] * 8
+    assert d.production_healthy()
+    assert d.root.joinpath("vllm.log").read_text().count("CUDA out of memory") == ooms_before
+    assert "autotuner_daemon_production_oom_events_total 1.0" in d.metrics()
+    assert status["last_trigger"]["kind"] == "production-oom"
     assert d.stop_daemon() == 0
