@@ -225,3 +225,19 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     assert "autotuner_daemon_production_oom_events_total 1.0" in d.metrics()
     assert status["last_trigger"]["kind"] == "production-oom"
     assert d.stop_daemon() == 0
+
+
+def test_sigterm_mid_tune_puts_the_previous_config_back_then_exits(deployment) -> None:
+    d = deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}},
+                           "min_interval_s": 3600, "tune": {"trials": 500, "timeout": "1h", "confirm": "2x2",
+                                                            "soak": "20s"}})
+    daemon = d.start_daemon()
+    wait_for("the tune to start", lambda: (d.status().get("cycle") or {}).get("state") == "tune", 60, interval=0.2)
+    assert not d.production_healthy()  # the scenario's GPUs are production's: it is down while tuning
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=120) == 0
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["state"] == "done" and cycle["outcome"] == "restored", cycle
+    assert "asked to stop" in cycle["reason"]
+    assert d.live_config() == INITIAL == d.running_config()
+    assert d.production_healthy()
