@@ -107,16 +107,24 @@ class CommandTarget(FileBacked):
         raise DeployError(self._exited(child, code, "start"))
 
     def stop(self) -> None:
+        failed: DeployError | None = None
         if self.spec.stop is not None:
-            run_argv(self.spec.stop, "stop", self.spec.timeout_s, cwd=self.spec.cwd,
-                     hint="fix the stop command, or stop the service by hand before the next deploy")
+            try:
+                run_argv(self.spec.stop, "stop", self.spec.timeout_s, cwd=self.spec.cwd,
+                         hint="fix the stop command, or stop the service by hand before the next deploy")
+            except DeployError as exc:
+                failed = exc
         child, self._child = self._child, None
         if child is not None:
+            # A supervised service goes down by signals even when the stop command failed.
             if not self._end_group(child, self.spec.stop_grace_s):
                 raise DeployError(f"stop: processes of `{shlex.join(self.spec.start)}` (process group {child.pid}) "
                                   "survived SIGKILL; they may be stuck in the kernel (GPU driver): check `ps -g "
                                   f"{child.pid}`")
-        elif self.spec.stop is None and self.is_up():
+            return
+        if failed is not None:
+            raise failed
+        if self.spec.stop is None and self.is_up():
             raise DeployError("stop: the service is up but was not started by this process and `stop:` is not set; "
                               "add a stop command (argv list) to the deploy section")
 

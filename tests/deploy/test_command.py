@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -191,3 +192,24 @@ def test_a_program_that_does_not_exist(tmp_path: Path) -> None:
                               "start": [str(tmp_path / "no-such-vllm"), "serve"]})
     with pytest.raises(DeployError, match=r"start: cannot run .*no-such-vllm.*give an executable"):
         make_target(spec).start()
+
+
+def test_a_failing_stop_command_still_ends_a_supervised_service(tmp_path: Path) -> None:
+    spec = parse_deploy_spec({
+        "kind": "command", "config_path": str(tmp_path / "tuned.yaml"), "start_grace_s": 0.5,
+        "start": [sys.executable, "-c", "import subprocess, sys, time; "
+                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"],
+        "stop": [sys.executable, "-c", "import sys; sys.exit(1)"]})
+    target = make_target(spec)
+    assert isinstance(target, CommandTarget)
+    target.start()
+    pgid = target.child_pid
+    assert pgid is not None and target.is_up() is True
+    deadline = time.monotonic() + 30
+    while len(group_alive(pgid)) < 2:  # the service and the worker it forked
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.05)
+    target.stop()  # the stop command fails; the group goes down by signals, worker included
+    assert group_alive(pgid) == []
+    assert target.is_up() is False
+    assert EngineRegistry().entries() == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.deploy import DeployError, FileSpec, make_target, parse_deploy_spec
+from autotuner.deploy import DeployError, DeployTarget, FileSpec, make_target, parse_deploy_spec
 from autotuner.deploy.base import ConfigFile
 from autotuner.sim.args import config_file_argv
 
@@ -23,7 +23,9 @@ B = {"max-num-batched-tokens": 8192, "gpu-memory-utilization": 0.9, "cpu-offload
 def file_target(tmp_path: Path):
     spec = parse_deploy_spec({"kind": "file", "config_path": str(tmp_path / "tuned.yaml")})
     assert isinstance(spec, FileSpec)
-    return make_target(spec)
+    target = make_target(spec)
+    assert isinstance(target, DeployTarget)
+    return target
 
 
 def test_write_keeps_previous_and_restore_puts_it_back(tmp_path: Path) -> None:
