@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from autotuner.vllm.log_patterns import SAMPLER_WARMUP_OOM, TORCH_OOM
+
 OK = "ok"
 OOM_THRESHOLD = "oom-threshold"
 OOM_CRASH = "oom-crash"
@@ -42,9 +44,8 @@ _RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
          STARTUP_FAILED),
         (r"Available memory on node \d+ .* is less than desired CPU memory utilization.*", STARTUP_FAILED,
          STARTUP_FAILED),
-        (r"CUDA out of memory occurred when warming up sampler.*", STARTUP_FAILED, STARTUP_FAILED),
-        (r"(torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError): CUDA out of memory\..*", STARTUP_FAILED,
-         OOM_CRASH),
+        (SAMPLER_WARMUP_OOM, STARTUP_FAILED, STARTUP_FAILED),
+        (TORCH_OOM, STARTUP_FAILED, OOM_CRASH),
         (r"Address already in use.*|could not serve on .*", CRASH, CRASH),
         (r"Worker proc \S+ died unexpectedly.*", CRASH, CRASH),
         (r"EngineDeadError: .*", CRASH, CRASH),

@@ -62,6 +62,7 @@ def run_init(from_cmd: str | None, from_endpoint: str | None, *, api_key_env: st
     gpus = _inventory(result)
     scenario = _scenario(cmd, snap, gpus, api_key_env, result)
     daemon = _daemon(cmd, snap, from_endpoint, api_key_env, scenario_path, daemon_path, result)
+    scenario_path.parent.mkdir(exist_ok=True)  # only now: bad input leaves no trace
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     sources = " and ".join(s for s in (from_cmd and "the command line", from_endpoint and from_endpoint) if s)
     write_text_atomic(scenario_path, _yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.",
@@ -75,10 +76,8 @@ def _targets(out: Path, force: bool) -> tuple[Path, Path]:
     out = out.expanduser()
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out {out}: exists and is not a directory")
-    if not out.exists():
-        if not out.parent.is_dir():
-            raise UserInputError(f"--out {out}: directory {out.parent} does not exist")
-        out.mkdir()
+    if not out.exists() and not out.parent.is_dir():
+        raise UserInputError(f"--out {out}: directory {out.parent} does not exist")
     targets = (out / SCENARIO_FILE, out / DAEMON_FILE)
     if not force:
         for path in targets:
@@ -273,10 +272,12 @@ def _daemon(cmd: ServeCommand | None, snap: ProductionSnapshot | None, endpoint:
     key_env = api_key_env or ("VLLM_API_KEY" if cmd is not None and cmd.api_key_given else None)
     if key_env:
         production["api_key_env"] = key_env
+    # Never the user's own --config file: replacing it with the tuned flags alone could drop their settings.
+    config_path = (daemon_path.parent / TUNED_CONFIG_FILE).resolve()
     if cmd is not None and cmd.config_file:
-        config_path = Path(cmd.config_file).expanduser().resolve()
-    else:
-        config_path = (daemon_path.parent / TUNED_CONFIG_FILE).resolve()
+        result.check.append(f"your command reads --config {cmd.config_file}, and vLLM takes one config file: its "
+                            "settings are copied into the scenario's engine.flags; before pointing --config at the "
+                            "tuned file, put them (except the three tuned flags) on the service's command line")
     result.check.append(f"deploy.kind is file: the daemon writes the tuned flags to {config_path} and a person "
                         f"restarts vLLM; start vLLM with --config {config_path} and drop "
                         f"{', '.join('--' + k for k in KNOBS)} from its command line (the command line wins over "

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from autotuner.vllm import metrics as names
+
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -21,13 +23,13 @@ _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 SCRAPE_TIMEOUT_S = 5.0
 
-PREEMPTIONS = "vllm:num_preemptions_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-REQUEST_SUCCESS = "vllm:request_success_total"
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = names.counter_sample(names.NUM_PREEMPTIONS)
+PROMPT_TOKENS = names.counter_sample(names.PROMPT_TOKENS)
+GENERATION_TOKENS = names.counter_sample(names.GENERATION_TOKENS)
+REQUEST_SUCCESS = names.counter_sample(names.REQUEST_SUCCESS)
+KV_CACHE_USAGE = names.KV_CACHE_USAGE
+RUNNING = names.NUM_REQUESTS_RUNNING
+WAITING = names.NUM_REQUESTS_WAITING
 
 
 class MetricsParseError(ValueError):

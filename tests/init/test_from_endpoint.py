@@ -19,7 +19,9 @@ from pathlib import Path
 import yaml
 
 from autotuner.scenario import LengthSettings
+from autotuner.vllm import Platform, scheduler_defaults
 from autotuner.vllm.metrics import build_1_2_5_buckets
+from autotuner.watch import gpu_inventory
 from autotuner.watch.drift import length_quantile
 from autotuner.workload.client import StreamingClient, http_client
 from autotuner.workload.replay import replay
@@ -62,6 +64,8 @@ async def test_init_from_endpoint_reproduces_the_traffic_lengths(sim_server, tmp
     done = init("--from-endpoint", server.url, "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "prompt lengths from vllm:request_prompt_tokens: 240 requests" in done.stdout
+    gpus = gpu_inventory()  # on this test's simulated host: the simulator's 8 GPUs, through its NVML
+    assert gpus and f"GPUs (NVML): {len(gpus)} × " in done.stdout
     scenario = yaml.safe_load((out / "scenario.yaml").read_text())
     assert scenario["engine"]["model"] == "llama-2-13b"
     assert scenario["engine"]["served_model_name"] == "prod"
@@ -83,3 +87,30 @@ async def test_init_from_endpoint_reproduces_the_traffic_lengths(sim_server, tmp
     rng = random.Random(1)
     mean_fitted = statistics.fmean(fitted_dist.sample(rng) for _ in range(20000))
     assert abs(mean_fitted - statistics.fmean(sent)) / statistics.fmean(sent) < 0.1
+
+
+def test_command_line_and_endpoint_combined_with_an_api_key(sim_server, tmp_path: Path) -> None:
+    key = "prod-key-31415926"
+    server = sim_server.start([*SIM[:4], "4096", *SIM[5:], "--api-key", key])
+    cmd = f"vllm serve llama-2-13b -tp 8 --max-model-len 4096 --api-key {key} --served-model-name prod"
+    denied = init("--from-cmd", cmd, "--from-endpoint", server.url, "--out", str(tmp_path / "a"))
+    assert denied.returncode == 2 and "401" in denied.stderr and "--api-key-env" in denied.stderr
+    assert not (tmp_path / "a").exists()
+
+    done = init("--from-cmd", cmd, "--from-endpoint", server.url, "--api-key-env", "PROD_KEY",
+                "--out", str(tmp_path / "b"), env={"PROD_KEY": key})
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "b" / "scenario.yaml").read_text() + (tmp_path / "b" / "autotuner-daemon.yaml").read_text()
+    assert key not in text and key not in done.stdout
+    scenario = yaml.safe_load((tmp_path / "b" / "scenario.yaml").read_text())
+    assert scenario["engine"]["api_key_env"] == "PROD_KEY"
+    assert scenario["engine"]["flags"] == {"tensor-parallel-size": 8, "max-model-len": 4096}
+    # Not on the command line: vLLM's default for the GPU NVML shows (the simulated RTX 3090: 2048).
+    gpu = gpu_inventory()[0]
+    expected = scheduler_defaults(Platform(gpu.name, gpu.memory_total_mib / 1024))[0]
+    assert scenario["current_config"]["max-num-batched-tokens"] == expected
+    # No traffic yet: the lengths stay the defaults, and the user is told why.
+    assert "prompt_tokens" not in scenario["workload"]["requests"]
+    assert "has 0 requests" in done.stdout
+    daemon = yaml.safe_load((tmp_path / "b" / "autotuner-daemon.yaml").read_text())
+    assert daemon["production"] == {"endpoint": server.url, "api_key_env": "PROD_KEY"}
