@@ -596,7 +596,11 @@ def daemon_run(
     log_to_file(f"{daemon.states.deployment}-daemon", True)
     import asyncio
 
-    raise typer.Exit(asyncio.run(daemon.run()))
+    try:
+        code = asyncio.run(daemon.run())
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code)
 
 
 @daemon_app.command("status")

@@ -122,17 +122,14 @@ def swap(tmp: Path, trials: int) -> dict[str, Any]:
         tear_down(d)
 
 
-def warm_vs_cold(tmp: Path, old_db: Path, old_study: str, cold_trials: int) -> tuple[int, int, float]:
-    import shutil
-
+def warm_vs_cold(old_db: Path, old_study: str, cold_trials: int) -> tuple[int, int, float]:
     from autotuner.scenario import Scenario
     from autotuner.store.db import Store
     from autotuner.tuner.runner import VirtualRunner
     from autotuner.tuner.study import Tuner
     from tests.daemon.conftest import SCENARIO
 
-    db = tmp / "warmcold.db"
-    shutil.copyfile(old_db, db)
+    db = old_db  # the swap's database: the old study is there (a copy would miss its WAL)
     data = json.loads(json.dumps(SCENARIO))
     data["engine"]["model"] = "mistral-7b"
     sc = Scenario.model_validate(data)
@@ -186,7 +183,7 @@ def main() -> None:
               f"{s['trials']} trials (warm start from {s['old_study']}); wall {s['wall_s']:.1f} s from the swap "
               f"to the verified config; simulated hardware time {s['hardware_s']:.1f} s (engine time of the "
               f"cycle's runs + production steps); production down {s['downtime_s']:.1f} s", flush=True)
-        n_warm, n_cold, target = warm_vs_cold(tmp, s["db"], s["old_study"], args.cold_trials)
+        n_warm, n_cold, target = warm_vs_cold(s["db"], s["old_study"], args.cold_trials)
         print(f"mistral-7b to 98 % of the cold study's best ({target:.1f} tok/s): warm start {n_warm} trials, "
               f"cold {n_cold} trials (budget {args.cold_trials}; budget + 1 = never)", flush=True)
         oks = [rollback(tmp, i, args.trials) for i in range(args.rollbacks)]

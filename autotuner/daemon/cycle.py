@@ -300,6 +300,13 @@ class CycleDriver:
             # Never taken down (refused before the drain): nothing to restore.
             return self.states.transition(cycle, DONE, {"reason": cycle.reason}, outcome=RESTORED)
         outcome = ROLLED_BACK if cycle.candidate_flags is not None else RESTORED
+        if cycle.previous_flags is None and cycle.candidate_flags is not None and self.target.current() is not None:
+            # There was no config file before this cycle: nothing to put back. Production stays up on the
+            # candidate, and a person decides.
+            await asyncio.to_thread(self.target.apply)
+            return self.states.transition(cycle, DONE, {"reason": "no previous config file to roll back to"},
+                                          outcome=FAILED, reason=f"{cycle.reason}; no previous config file to roll "
+                                          "back to: production runs the candidate", **self._back_up(cycle))
         self.states.update(cycle, down_since=cycle.down_since or time.time())
         try:
             stale = cycle.previous_flags is not None and not flags_equal(self.target.current(), cycle.previous_flags)

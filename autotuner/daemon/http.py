@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import os
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from starlette.routing import Route
 
 from autotuner.daemon.state import DEPLOYED, FAILED, RESTORED, ROLLED_BACK, SKIPPED, STATES, CycleStore
 from autotuner.daemon.triggers import CRASH, KV_PRESSURE, OOM
+from autotuner.errors import UserInputError
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -101,14 +103,24 @@ class DaemonServer:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
-        self.task = asyncio.ensure_future(self.server.serve())
+        """Bind first (a port in use is bad input, said once), then serve on that socket; the bound port."""
+        config = self.server.config
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((config.host, config.port))
+        except OSError as exc:
+            sock.close()
+            raise UserInputError(f"listen {config.host}:{config.port}: cannot bind ({exc.strerror}); choose a free "
+                                 "listen.port or another listen.host") from None
+        self.task = asyncio.ensure_future(self.server.serve(sockets=[sock]))
         while not self.server.started:
             if self.task.done():
-                self.task.result()  # raises why it could not bind
-                raise OSError("the daemon's endpoint did not start")
+                self.task.result()
+                raise UserInputError(f"listen {config.host}:{config.port}: the endpoint did not start")
             await asyncio.sleep(0.02)
-        sockets = [s for server in self.server.servers for s in server.sockets]
-        return int(sockets[0].getsockname()[1]) if sockets else 0
+        return int(sock.getsockname()[1])
 
     async def stop(self) -> None:
         self.server.should_exit = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from datetime import datetime
@@ -71,6 +72,18 @@ def test_the_cli_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> Non
     out = subprocess.run([sys.executable, "-m", "autotuner", "daemon", "status", str(missing)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and "no such scenario file" in out.stderr
+
+
+def test_a_taken_listen_port_is_bad_input(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write(tmp_path, {**GOOD, "window": None, "listen": {"port": port}})
+        out = subprocess.run([sys.executable, "-m", "autotuner", "daemon", "run", str(path)], capture_output=True,
+                             text=True, timeout=120)
+    assert out.returncode == 2
+    assert f"listen 127.0.0.1:{port}: cannot bind" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_windows_cross_midnight_and_say_how_long_is_left() -> None:
