@@ -97,12 +97,14 @@ def observed_prompts(scenario: Scenario, evidence: dict[str, Any]) -> dict[str, 
     return {"kind": "uniform", "low": max(1, min(int(low or 1), high_i)), "high": high_i}
 
 
-def tune_changes(scenario: Scenario, trigger_kind: str, evidence: dict[str, Any]) -> dict[str, Any]:
-    """What this cycle's scenario changes in the configured one: the model production now serves, the
-    prompt lengths it saw."""
+def tune_changes(scenario: Scenario, trigger_kind: str, evidence: dict[str, Any],
+                 observed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What this cycle's scenario changes in the configured one: the model production now serves (after a
+    swap, and in every later cycle), the prompt lengths it saw."""
     changes: dict[str, Any] = {}
-    if trigger_kind == MODEL_SWAP and evidence.get("root"):
-        changes["engine.model"] = evidence["root"]
+    root = evidence.get("root") if trigger_kind == MODEL_SWAP else (observed or {}).get("root")
+    if root and root != scenario.engine.model:
+        changes["engine.model"] = root
     if trigger_kind in OBSERVED_LENGTHS:
         prompts = observed_prompts(scenario, evidence)
         if prompts is not None:
@@ -155,7 +157,7 @@ class CycleDriver:
 
     # --- steps -------------------------------------------------------------------------------------
     async def _detect(self, cycle: Cycle) -> Cycle:
-        changes = tune_changes(self.base, cycle.trigger_kind, cycle.evidence)
+        changes = tune_changes(self.base, cycle.trigger_kind, cycle.evidence, cycle.observed)
         try:
             apply_changes(self.base, changes)
         except (UserInputError, ValueError) as exc:

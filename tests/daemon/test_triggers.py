@@ -123,6 +123,9 @@ def test_drift_over_the_sliding_window_and_the_schedule() -> None:
     # The window carries the lengths the re-tune uses: from its median to its longest.
     assert tune_changes(SC, DRIFT, fired[0].evidence) == {
         "workload.requests.prompt_tokens": {"kind": "uniform", "low": 3500, "high": 4048}}
+    # After a swap, every later cycle tunes the model production serves, not the scenario's.
+    assert tune_changes(SC, SCHEDULE, {}, {"root": "mistral-7b"}) == {"engine.model": "mistral-7b"}
+    assert tune_changes(SC, SCHEDULE, {}, {"root": "llama-2-7b"}) == {}
     # Too few new requests in the window: nothing.
     quiet = TriggerWatch(settings)
     quiet.observe(snap(prompt_tokens=start), GPUS, ref, SC, None, now=0.0)
