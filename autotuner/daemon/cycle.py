@@ -215,7 +215,8 @@ class CycleDriver:
             watcher.cancel()
             self.tuner = None
         self.states.update(cycle, trials=summary.trials_done)
-        if summary.interrupted:
+        if summary.interrupted or self._window_closed():
+            interrupt.window_closed = interrupt.window_closed or self._window_closed()
             return self._fail(cycle, f"tuning interrupted: {interrupt.reason}")
         if summary.stopped_reason is not None:
             return self._fail(cycle, f"tuning stopped: {summary.stopped_reason}")
@@ -223,6 +224,10 @@ class CycleDriver:
             return self._fail(cycle, "tuning found no feasible configuration")
         return self.states.transition(cycle, CONFIRM, {"study": name, "trials": summary.trials_done,
                                                         "ended": summary.ended}, trials=summary.trials_done)
+
+    def _window_closed(self) -> bool:
+        window = self.config.schedule_window
+        return window is not None and not window.contains(self.now())
 
     def _tune_time(self) -> float | None:
         budget = self.config.tune.timeout_s
@@ -265,6 +270,8 @@ class CycleDriver:
             return self._fail(cycle, f"confirm/soak failed: {type(exc).__name__}: {exc}")
         if self.stopping.is_set():
             return self._fail(cycle, "the daemon was asked to stop before the rollout")
+        if self._window_closed():
+            return self._fail(cycle, "the maintenance window closed before the rollout")
         if selection.missing:
             return self._fail(cycle, f"trial {selection.chosen.trial_number} is not verified: "
                               + "; ".join(selection.missing))

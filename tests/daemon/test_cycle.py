@@ -153,6 +153,11 @@ def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> No
     if end.date() != start.date():
         pytest.skip("too close to midnight for a same-day window")
     config = yaml.safe_load((d.root / "daemon.yaml").read_text())
+    # A bad file on SIGHUP is logged and the running config kept.
+    (d.root / "daemon.yaml").write_text(yaml.safe_dump({**config, "window": "soon"}))
+    daemon.send_signal(signal.SIGHUP)
+    wait_for("the failed reload to be logged", lambda: "daemon.reload_failed" in d.daemon_log(), 20)
+    assert d._healthy() and d.status()["state"] == "idle"
     config.update(window=f"{start:%H:%M:%S}-{end:%H:%M:%S}", min_interval_s=3600,
                   triggers={"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}})
     (d.root / "daemon.yaml").write_text(yaml.safe_dump(config))
