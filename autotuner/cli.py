@@ -211,7 +211,7 @@ def init(
                                              "http://127.0.0.1:8000: model, context and traffic lengths"),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="variable holding the endpoint's API key"),
     out: Path = typer.Option(Path("."), "--out", help="directory for scenario.yaml and autotuner-daemon.yaml"),
-    force: bool = typer.Option(False, "--force", help="overwrite files init wrote before"),
+    force: bool = typer.Option(False, "--force", help="replace an existing scenario.yaml / autotuner-daemon.yaml"),
 ) -> None:
     """Write a scenario and a daemon config from what you already run (command line and/or endpoint)."""
     from autotuner.errors import UserInputError

@@ -10,6 +10,7 @@ GPUs. Secrets in the command line are never copied: the variable vLLM reads them
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ def _targets(out: Path, force: bool) -> tuple[Path, Path]:
         raise UserInputError(f"--out {out}: exists and is not a directory")
     if not out.exists() and not out.parent.is_dir():
         raise UserInputError(f"--out {out}: directory {out.parent} does not exist")
+    if not os.access(out if out.exists() else out.parent, os.W_OK | os.X_OK):
+        raise UserInputError(f"--out {out}: not writable by this user; choose another directory")
     targets = (out / SCENARIO_FILE, out / DAEMON_FILE)
     if not force:
         for path in targets:
@@ -135,6 +138,12 @@ def _scenario(cmd: ServeCommand | None, snap: ProductionSnapshot | None, gpus: t
             engine["served_model_name"] = snap.served_model
         inferred.append(f"served as {snap.served_model}, vLLM {snap.vllm_version or 'version unknown'}, "
                         f"model fingerprint {snap.model_fingerprint}")
+        if snap.simulator is not None and cmd is None:
+            # Production is `autotuner sim serve`: tune the same simulated box.
+            sim = snap.simulator
+            engine["kind"] = "sim"
+            engine["sim"] = {k: sim[k] for k in ("gpu", "gpus", "speedup") if sim.get(k) is not None}
+            inferred.append(f"the endpoint is the simulator: engine.kind sim on {engine['sim']}")
         if snap.max_model_len is not None:
             given = flags.get("max-model-len")
             if given is None or given == "auto":

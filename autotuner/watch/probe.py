@@ -81,6 +81,7 @@ async def probe(endpoint: str, *, api_key_env: str | None = None, timeout_s: flo
         kv_cache_usage=_max_sample(families, names.KV_CACHE_USAGE),
         preemptions_total=_sum_sample(families, names.counter_sample(names.NUM_PREEMPTIONS)),
         requests_running=_sum_sample(families, names.NUM_REQUESTS_RUNNING),
+        simulator=sim if isinstance(sim := version.get("simulator"), dict) else None,
     )
 
 

@@ -82,3 +82,5 @@ class ProductionSnapshot:
     kv_cache_usage: float | None  # 0..1
     preemptions_total: float | None
     requests_running: float | None
+    # `autotuner sim serve` says so in /version (its GPU preset, box size, speed-up); None for a real vLLM.
+    simulator: dict[str, object] | None = None

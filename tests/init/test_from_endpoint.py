@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from autotuner.scenario import LengthSettings
+from autotuner.scenario import LengthSettings, load_scenario
 from autotuner.vllm import Platform, scheduler_defaults
 from autotuner.vllm.metrics import build_1_2_5_buckets
 from autotuner.watch import gpu_inventory
@@ -67,6 +67,8 @@ async def test_init_from_endpoint_reproduces_the_traffic_lengths(sim_server, tmp
     gpus = gpu_inventory()  # on this test's simulated host: the simulator's 8 GPUs, through its NVML
     assert gpus and f"GPUs (NVML): {len(gpus)} × " in done.stdout
     scenario = yaml.safe_load((out / "scenario.yaml").read_text())
+    assert load_scenario(out / "scenario.yaml").engine.kind == "sim"  # the simulator said so in /version
+    assert scenario["engine"]["sim"] == {"gpu": "rtx-3090", "gpus": 8, "speedup": 100.0}
     assert scenario["engine"]["model"] == "llama-2-13b"
     assert scenario["engine"]["served_model_name"] == "prod"
     assert scenario["engine"]["flags"]["max-model-len"] == MAX_LEN
