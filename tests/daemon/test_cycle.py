@@ -211,7 +211,12 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
 
     assert _long_prompts(d, 4, 1, seed=1) == [200] * 4
-    time.sleep(3)  # a poll sees those lengths in /metrics before production dies
+    served = time.time()
+
+    def polled_since() -> bool:  # a poll that began after those requests saw their lengths in /metrics
+        at = d.status().get("last_poll_at")
+        return at is not None and datetime.fromisoformat(at).timestamp() >= served + 1
+    wait_for("a poll after the long prompts", polled_since, 30)
     assert set(_long_prompts(d, 4, 4, seed=2)) != {200}, "the burst of long prompts should kill the deployed config"
     status = d.wait_cycle_done()
 
