@@ -578,3 +578,71 @@ def version() -> None:
 
 def main() -> None:
     app()
+
+
+daemon_app = typer.Typer(help="Watch production, re-tune when it changes, roll the winner out, roll back on failure.",
+                         no_args_is_help=True)
+app.add_typer(daemon_app, name="daemon")
+
+
+@daemon_app.command("run", epilog="Signals: SIGTERM finishes or rolls back the step in flight, then exits 0; SIGHUP "
+                    "reloads CONFIG. Exit status: 0 stopped cleanly; 2 bad CONFIG (nothing started).")
+def daemon_run(
+    config: Path = typer.Argument(..., help="daemon config YAML (see the README's daemon section)"),
+    log_format: str = typer.Option("json", "--log-format", help=LOG_FORMAT_HELP),
+) -> None:
+    """Run the daemon in the foreground (as a systemd or compose service)."""
+    from autotuner.errors import UserInputError
+
+    configure_logging(log_format)
+    try:
+        from autotuner.daemon.runner import Daemon
+
+        daemon = Daemon(config)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    log_to_file(f"{daemon.states.deployment}-daemon", True)
+    import asyncio
+
+    try:
+        code = asyncio.run(daemon.run())
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(code)
+
+
+@daemon_app.command("status")
+def daemon_status(
+    config: Path = typer.Argument(..., help="daemon config YAML"),
+    as_json: bool = typer.Option(False, "--json", help="print what GET /status answers, as JSON"),
+) -> None:
+    """What the daemon is doing and has done, read from its database (the same facts as GET /status)."""
+    from autotuner.errors import UserInputError
+
+    try:
+        from autotuner.daemon.config import load_config
+        from autotuner.daemon.state import CycleStore
+        from autotuner.daemon.status import status_document, status_lines
+        loaded = load_config(config)
+        states = CycleStore(_daemon_store(loaded), loaded.scenario.name)
+        doc = status_document(states, loaded.config)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        for line in status_lines(doc):
+            typer.echo(line)
+
+
+def _daemon_store(loaded: Any) -> Any:
+    from autotuner.errors import UserInputError
+    from autotuner.store.db import Store, sqlalchemy_url
+
+    url = sqlalchemy_url(loaded.config.storage_url())
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise UserInputError(f"storage {url.removeprefix('sqlite:///')}: no database yet — has `autotuner daemon "
+                             "run` started with this config?")
+    return Store(url)

@@ -1,0 +1,269 @@
+"""The daemon's config file (`autotuner daemon run CONFIG`), validated at load like a scenario: a bad file
+is `DaemonConfigError` naming the file, the line and the field (exit code 2), before anything starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import time as dtime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from autotuner.deploy.spec import KINDS, DeploySpec
+from autotuner.errors import UserInputError
+from autotuner.filelines import compose_yaml, first_error, line_of, read_text
+from autotuner.scenario import Scenario, load_scenario
+
+
+class DaemonConfigError(UserInputError):
+    """A daemon config file that does not validate."""
+
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*([dhms]?)\s*)+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms]?)")
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+
+
+def duration_s(text: str | float | int) -> float:
+    """`7d`, `2h`, `90m`, `45s`, `1h30m`, or plain seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"duration {text!r} must be ≥ 0")
+        return float(text)
+    if not isinstance(text, str) or not _DURATION.match(text):
+        raise ValueError(f"duration {text!r}: expected e.g. 7d, 2h, 90m, 45s or 1h30m")
+    return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+
+
+_CLOCK = r"(\d{1,2}):(\d{2})(?::(\d{2}))?"
+_WINDOW = re.compile(rf"^\s*{_CLOCK}\s*-\s*{_CLOCK}\s*$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A daily window of the box's local time, `01:00-06:00` (it may cross midnight: `22:00-04:00`)."""
+
+    start: dtime
+    end: dtime
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Window:
+        m = _WINDOW.match(text)
+        if not m:
+            raise ValueError(f"window {text!r}: expected HH:MM-HH:MM (local time), e.g. 01:00-06:00")
+        h1, m1, s1, h2, m2, s2 = (int(g) if g else 0 for g in m.groups())
+        if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59 or s1 > 59 or s2 > 59:
+            raise ValueError(f"window {text!r}: hours 0-23, minutes and seconds 0-59")
+        start, end = dtime(h1, m1, s1), dtime(h2, m2, s2)
+        if start == end:
+            raise ValueError(f"window {text!r}: start and end are the same time; leave `window` out for any time")
+        return cls(start, end, text.strip())
+
+    def contains(self, when: datetime) -> bool:
+        t = when.time()
+        if self.start < self.end:
+            return self.start <= t < self.end
+        return t >= self.start or t < self.end
+
+    def seconds_left(self, when: datetime) -> float:
+        """Seconds until the window closes (0 when outside it)."""
+        if not self.contains(when):
+            return 0.0
+        end = datetime.combine(when.date(), self.end, when.tzinfo)
+        if end <= when:
+            end += timedelta(days=1)
+        return (end - when).total_seconds()
+
+    def next_open(self, when: datetime) -> datetime:
+        if self.contains(when):
+            return when
+        start = datetime.combine(when.date(), self.start, when.tzinfo)
+        return start if start > when else start + timedelta(days=1)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProductionSettings(_Model):
+    endpoint: str = Field(pattern=r"^https?://[^/\s]+")
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="the NAME of the variable holding the API key, never a key")
+    log: Path | None = None
+
+
+class DriftSettings(_Model):
+    p95_ratio: float = Field(default=1.25, gt=1)
+    window_s: float = Field(default=3600, gt=0)
+    min_requests: int = Field(default=200, ge=1)
+
+    _window = field_validator("window_s", mode="before")(classmethod(lambda cls, v: duration_s(v)))
+
+
+class ScheduleSettings(_Model):
+    every: float
+
+    _every = field_validator("every", mode="before")(classmethod(lambda cls, v: duration_s(v)))
+
+    @field_validator("every")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("every must be > 0, e.g. 7d")
+        return v
+
+
+class TriggerSettings(_Model):
+    poll_interval_s: float = Field(default=60, gt=0)
+    model_swap: bool = True
+    engine_upgrade: bool = True
+    gpu_change: bool = True
+    workload_drift: DriftSettings | None = DriftSettings()
+    production_oom: bool = True
+    schedule: ScheduleSettings | None = None
+
+    _poll = field_validator("poll_interval_s", mode="before")(classmethod(lambda cls, v: duration_s(v)))
+
+
+class TuneSettings(_Model):
+    trials: int = Field(default=20, ge=1)
+    timeout: str | None = "2h"
+    confirm: str = "3x3"
+    soak: str = "10m"
+    policy: str = "knee"
+
+    @field_validator("timeout", "soak", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        if v is not None:
+            duration_s(v)
+            return str(v)
+        return v
+
+    @field_validator("confirm")
+    @classmethod
+    def _confirm(cls, v: str) -> str:
+        from autotuner.trust.commands import parse_confirm
+
+        top, _ = parse_confirm(v)
+        if top == 0:
+            raise ValueError("confirm 0 would deploy an unconfirmed winner; the daemon confirms before any "
+                             "rollout: use e.g. 3x3")
+        return v
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from autotuner.export.select import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"policy {v!r}: use one of {', '.join(POLICIES)}")
+        return v
+
+    @property
+    def timeout_s(self) -> float | None:
+        return None if self.timeout is None else duration_s(self.timeout)
+
+    @property
+    def soak_s(self) -> float:
+        return duration_s(self.soak)
+
+
+class ListenSettings(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    token_env: str = Field(default="AUTOTUNER_DAEMON_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class DaemonConfig(_Model):
+    scenario: Path
+    storage: str | None = None
+    production: ProductionSettings
+    deploy: DeploySpec
+    triggers: TriggerSettings = TriggerSettings()
+    window: str | None = None
+    min_interval_s: float = Field(default=3600, ge=0)
+    tune: TuneSettings = TuneSettings()
+    listen: ListenSettings = ListenSettings()
+    source: Path | None = Field(default=None, exclude=True)
+
+    _min_interval = field_validator("min_interval_s", mode="before")(classmethod(lambda cls, v: duration_s(v)))
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str | None) -> str | None:
+        if v is not None:
+            Window.parse(v)
+        return v
+
+    @property
+    def schedule_window(self) -> Window | None:
+        return None if self.window is None else Window.parse(self.window)
+
+    def resolve(self, path: Path) -> Path:
+        path = path.expanduser()
+        return path if path.is_absolute() or self.source is None else self.source.parent / path
+
+    @property
+    def scenario_path(self) -> Path:
+        return self.resolve(self.scenario)
+
+    def storage_url(self) -> str:
+        """The study database: as given (a relative SQLite path is relative to this file), else
+        $AUTOTUNER_HOME/autotuner.db."""
+        if self.storage is None:
+            from autotuner.engine.registry import autotuner_home
+
+            return str(autotuner_home() / "autotuner.db")
+        if "://" in self.storage:
+            from autotuner.scenario import _expand
+
+            return _expand(self.storage)  # a password only via ${VAR}, looked up now
+        return str(self.resolve(Path(self.storage)))
+
+
+def _tag(exc: ValidationError) -> str | None:
+    """The deploy kind pydantic puts in an error's location (`deploy.command.start`), not a key of the file."""
+    loc = exc.errors()[0]["loc"]
+    return str(loc[1]) if len(loc) > 2 and loc[0] == "deploy" and loc[1] in KINDS else None
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: DaemonConfig
+    scenario: Scenario
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """The config and its scenario, both validated; DaemonConfigError (or ScenarioError) otherwise."""
+    path = Path(path)
+    text = read_text(path, DaemonConfigError, "daemon config file")
+    data, node = compose_yaml(text, path, DaemonConfigError)
+    if not isinstance(data, dict):
+        raise DaemonConfigError(f"{path}:1: (top level): a daemon config is a mapping with at least scenario, "
+                                "production and deploy")
+    try:
+        # Relative paths of the deploy section are relative to this file, as the scenario's are.
+        config = DaemonConfig.model_validate({**data, "source": path.resolve()},
+                                             context={"base_dir": path.resolve().parent})
+    except ValidationError as exc:
+        tag = _tag(exc)
+        raise DaemonConfigError(first_error(exc, path, lambda loc: line_of(node, tuple(p for p in loc if p != tag)))
+                                .replace(f": deploy.{_tag(exc)}.", ": deploy.", 1)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise DaemonConfigError(f"{path}: cannot be read as a daemon config: {exc}") from None
+    try:
+        storage = config.storage_url()
+    except ValueError as exc:
+        raise DaemonConfigError(f"{path}:{line_of(node, ('storage',))}: storage: {exc}") from None
+    scenario_path = config.scenario_path
+    if not scenario_path.is_file():
+        raise DaemonConfigError(f"{path}:{line_of(node, ('scenario',))}: scenario: no such scenario file "
+                                f"{scenario_path}")
+    del storage
+    return LoadedConfig(config, load_scenario(scenario_path))

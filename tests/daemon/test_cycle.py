@@ -1,0 +1,253 @@
+"""Acceptance of the daemon (issue 12), end to end: real daemon process, simulator as production behind a
+`command` target, real SQLite. Tunes are tiny (6 trials in virtual time, confirm 2x2, 20 s soak)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from autotuner.daemon.state import cycles, events
+from autotuner.scenario import Scenario
+from autotuner.store.db import Store
+from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.study import Tuner
+from tests.daemon.conftest import INITIAL, SCENARIO, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _rows(root: Path, table: sa.Table) -> list[dict]:
+    engine = sa.create_engine(f"sqlite:///{root / 'autotuner.db'}")
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(table.c.id))]
+    engine.dispose()
+    return rows
+
+
+def test_model_swap_is_detected_retuned_warm_deployed_and_verified(deployment) -> None:
+    d = deployment()
+    # This deployment's last study: `autotuner tune` of the scenario, run before the daemon started.
+    sc = Scenario.model_validate({**SCENARIO, "source": d.root / "scenario.yaml"})
+    store = Store(str(d.root / "autotuner.db"))
+    old = asyncio.run(Tuner(sc, VirtualRunner(sc), store, n_trials=4).run()).study_name
+    store.engine.dispose()
+    d.start_daemon()
+    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+    assert d.status()["state"] == "idle"
+
+    d.swap_model("mistral-7b")
+    swapped = time.time()  # the new model serves from here
+    status = d.wait_cycle_done()
+
+    last = status["last_cycle"]
+    assert last["trigger"] == "model-swap" and last["outcome"] == "deployed", last
+    assert last["warm_start"] == old
+    trigger = next(e for e in _rows(d.root, events) if e["kind"] == "trigger")
+    assert trigger["at"] - swapped <= 1 + 2.0, "detected within the poll interval (1 s) and a probe"
+    # Warm start: the old study's best configs were the new study's first guesses.
+    new_study = last["study"]
+    engine = sa.create_engine(f"sqlite:///{d.root / 'autotuner.db'}")
+    with engine.connect() as conn:
+        kinds = [r[0] for r in conn.execute(sa.text("SELECT kind FROM at_trials WHERE study_name = :s"),
+                                            {"s": new_study})]
+    engine.dispose()
+    assert "warm-start" in kinds
+    # Production runs the new model on the winner, and what runs is what the file says.
+    assert d.served_root() == "mistral-7b"
+    deployed = status["deployed"]["flags"]
+    assert d.live_config() == deployed == d.running_config()
+    assert deployed != INITIAL
+    assert status["deployed"]["certificate"]["lines"][0].startswith("autotuner certificate")
+    # The reference follows production: no second swap fires.
+    time.sleep(2.5)
+    assert d.status()["counts"]["cycles"] == 1
+    assert d.stop_daemon() == 0
+    assert len(d.production_processes()) == 1
+    # `daemon status` says the same from the database, with the daemon gone.
+    out = subprocess.run([sys.executable, "-m", "autotuner", "daemon", "status", str(d.root / "daemon.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"deployed: trial {status['deployed']['trial']} of study {new_study}" in out.stdout
+    assert "last cycle 1: deployed (trigger model-swap" in out.stdout
+
+
+def test_candidate_that_fails_verify_is_rolled_back(deployment) -> None:
+    # Production's box is not the tuning one: any config but the one it runs now starts on a box with
+    # less free GPU memory, and dies there.
+    d = deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "2s"}},
+                           "min_interval_s": 3600})
+    (d.root / "trusted.yaml").write_bytes(d.config_file.read_bytes())
+    (d.root / "break_args.json").write_text(json.dumps(["--gpu-memory-utilization", "0.3"]))
+    d.start_daemon()
+    status = d.wait_cycle_done()
+
+    rows = _rows(d.root, cycles)
+    assert len(rows) == 1
+    cycle = rows[0]
+    assert cycle["trigger_kind"] == "schedule"
+    assert cycle["outcome"] == "rolled-back", cycle
+    assert "verify failed" in cycle["reason"]
+    assert json.loads(cycle["candidate_flags"]) != INITIAL
+    path = [(e["from_state"], e["to_state"]) for e in _rows(d.root, events) if e["kind"] == "transition"]
+    assert ("deploy", "verify") in path and ("verify", "rollback") in path and ("rollback", "done") in path
+    # Back on the previous config, serving.
+    assert d.live_config() == INITIAL == d.running_config()
+    assert d.production_healthy()
+    assert status["counts"]["rollbacks"] == 1
+    assert "autotuner_daemon_rollbacks_total 1.0" in d.metrics()
+    # Only /healthz without the token.
+    base = f"http://127.0.0.1:{d.daemon_port}"
+    assert httpx.get(base + "/status", trust_env=False).status_code == 401
+    assert httpx.get(base + "/metrics", headers={"Authorization": "Bearer wrong"}, trust_env=False).status_code == 401
+    assert httpx.get(base + "/healthz", trust_env=False).status_code == 200
+    assert d.stop_daemon() == 0
+
+
+def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -> None:
+    d = deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "2s"}},
+                           "min_interval_s": 3600})
+    (d.root / "start_delay").write_text("3")  # a slow start: the daemon is killed inside it
+    daemon = d.start_daemon()
+    wait_for("the cycle to reach deploy", lambda: (d.status().get("cycle") or {}).get("state") == "deploy", 120,
+             interval=0.1)
+    time.sleep(1.0)
+    os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its children, as systemd's KillMode=control-group
+    daemon.wait(timeout=10)
+    assert _rows(d.root, cycles)[0]["state"] in ("deploy", "verify")
+
+    d.start_daemon()
+    status = d.wait_cycle_done()
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["outcome"] in ("deployed", "rolled-back"), cycle
+    assert any(e["kind"] == "resumed" for e in _rows(d.root, events))
+    # One consistent config: the file is old or new, never a mix, and production runs exactly it.
+    live = d.live_config()
+    assert live in (INITIAL, json.loads(cycle["candidate_flags"]))
+    assert live == d.running_config()
+    assert d.production_healthy()
+    # No orphan: exactly one production process.
+    procs = d.production_processes()
+    assert len(procs) == 1, [p.cmdline() for p in procs]
+    assert status["state"] == "idle"
+    assert d.stop_daemon() == 0
+
+
+def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> None:
+    d = deployment(daemon={"tune": {"trials": 500, "timeout": "1h", "confirm": "2x2", "soak": "20s"}})
+    daemon = d.start_daemon()
+    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+    # SIGHUP: the new config opens a window that closes in 20 s, and a schedule that is due at once.
+    start, end = datetime.now() - timedelta(minutes=1), datetime.now() + timedelta(seconds=20)
+    if end.date() != start.date():
+        pytest.skip("too close to midnight for a same-day window")
+    config = yaml.safe_load((d.root / "daemon.yaml").read_text())
+    # A bad file on SIGHUP is logged and the running config kept.
+    (d.root / "daemon.yaml").write_text(yaml.safe_dump({**config, "window": "soon"}))
+    daemon.send_signal(signal.SIGHUP)
+    wait_for("the failed reload to be logged", lambda: "daemon.reload_failed" in d.daemon_log(), 20)
+    assert d._healthy() and d.status()["state"] == "idle"
+    config.update(window=f"{start:%H:%M:%S}-{end:%H:%M:%S}", min_interval_s=3600,
+                  triggers={"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}})
+    (d.root / "daemon.yaml").write_text(yaml.safe_dump(config))
+    daemon.send_signal(signal.SIGHUP)
+    wait_for("the tune to start", lambda: (d.status().get("cycle") or {}).get("state") == "tune", 20, interval=0.2)
+    status = d.wait_cycle_done(timeout=120)
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["outcome"] == "restored", cycle
+    assert "window closed" in cycle["reason"]
+    assert cycle["ended_at"] >= end.timestamp() - 1
+    assert 0 < (cycle["trials"] or 0) < 500
+    # The previous config is back up and serving.
+    assert d.live_config() == INITIAL == d.running_config()
+    r = httpx.post(d.endpoint + "/v1/completions", json={"model": "llama-2-7b", "prompt": "hello", "max_tokens": 4},
+                   timeout=30, trust_env=False)
+    assert r.status_code == 200, r.text
+    assert status["state"] == "idle"
+    assert d.stop_daemon() == 0
+
+
+def _long_prompts(d, n: int, concurrency: int, seed: int) -> list[int]:
+    """n completions of ~1900-token prompts, `concurrency` at a time; their HTTP statuses (0: no answer).
+    Each seed its own prompts: a prompt seen before would be served from the prefix cache."""
+    async def one(http: httpx.AsyncClient, i: int) -> int:
+        prompt = [(7919 * seed + 7 * i + j) % 31000 + 100 for j in range(1850 + 10 * i)]
+        try:
+            r = await http.post(d.endpoint + "/v1/completions", json={
+                "model": "llama-2-7b", "prompt": prompt, "max_tokens": 32, "ignore_eos": True})
+            return r.status_code
+        except httpx.HTTPError:
+            return 0
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+            out: list[int] = []
+            for start in range(0, n, concurrency):
+                out += await asyncio.gather(*(one(http, i) for i in range(start, min(n, start + concurrency))))
+            return out
+    return asyncio.run(run())
+
+
+def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> None:
+    # The scenario was written for short prompts; production's hand-made config has a large token budget that
+    # survives them, and one long prompt at a time, but not four at once.
+    scenario = json.loads(json.dumps(SCENARIO))
+    scenario["workload"]["requests"]["prompt_tokens"] = {"kind": "uniform", "low": 100, "high": 600}
+    scenario["workload"]["arrivals"]["concurrency"] = 4
+    initial = {"max-model-len": 4096, "max-num-batched-tokens": 3072, "gpu-memory-utilization": 0.93}
+    d = deployment(scenario=scenario, initial=initial)
+    d.start_daemon()
+    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+
+    assert _long_prompts(d, 4, 1, seed=1) == [200] * 4
+    served = time.time()
+
+    def polled_since() -> bool:  # a poll that began after those requests saw their lengths in /metrics
+        at = d.status().get("last_poll_at")
+        return at is not None and datetime.fromisoformat(at).timestamp() >= served + 1
+    wait_for("a poll after the long prompts", polled_since, 30)
+    assert set(_long_prompts(d, 4, 4, seed=2)) != {200}, "the burst of long prompts should kill the deployed config"
+    status = d.wait_cycle_done()
+
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["trigger_kind"] == "production-oom", cycle
+    assert "CUDA out of memory" in " ".join(json.loads(cycle["evidence"])["lines"])
+    prompts = json.loads(cycle["scenario"])["changes"]["workload.requests.prompt_tokens"]
+    assert prompts["high"] >= 1900, prompts  # tuned for the lengths production saw, not the scenario's 600
+    assert cycle["outcome"] == "deployed", cycle
+    assert d.live_config() == d.running_config() == json.loads(cycle["candidate_flags"])
+    # The new config survives the workload that killed the old one.
+    ooms_before = d.root.joinpath("vllm.log").read_text().count("CUDA out of memory")
+    assert _long_prompts(d, 8, 4, seed=3) == [200] * 8
+    assert d.production_healthy()
+    assert d.root.joinpath("vllm.log").read_text().count("CUDA out of memory") == ooms_before
+    assert "autotuner_daemon_production_oom_events_total 1.0" in d.metrics()
+    assert status["last_trigger"]["kind"] == "production-oom"
+    assert d.stop_daemon() == 0
+
+
+def test_sigterm_mid_tune_puts_the_previous_config_back_then_exits(deployment) -> None:
+    d = deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}},
+                           "min_interval_s": 3600, "tune": {"trials": 500, "timeout": "1h", "confirm": "2x2",
+                                                            "soak": "20s"}})
+    daemon = d.start_daemon()
+    wait_for("the tune to start", lambda: (d.status().get("cycle") or {}).get("state") == "tune", 60, interval=0.2)
+    assert not d.production_healthy()  # the scenario's GPUs are production's: it is down while tuning
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=120) == 0
+    cycle = _rows(d.root, cycles)[0]
+    assert cycle["state"] == "done" and cycle["outcome"] == "restored", cycle
+    assert "asked to stop" in cycle["reason"]
+    assert d.live_config() == INITIAL == d.running_config()
+    assert d.production_healthy()
