@@ -7,6 +7,7 @@ in seconds — "tune this model for a GPU box I do not own yet", and the loop's 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -166,7 +167,9 @@ class VirtualRunner(TrialRunner):
 
     async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
                   gpus: Sequence[int] | None = None) -> TrialResult:
-        return self.evaluate(flags)
+        # In a worker thread (the context, and so the pruner, goes along): a long evaluation must not hold the
+        # event loop of the process running it (the daemon's /status, the live view, other trials' heartbeats).
+        return await asyncio.to_thread(self.evaluate, flags)
 
     def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:
         argv = self._argv(flags)
