@@ -346,6 +346,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--no-prune-seeds", type=int, default=4,
                         help="seeds run again without early stopping, for the time it saves")
+    parser.add_argument("--no-groups", action="store_true",
+                        help="skip the GPU-groups figure (benchmarks/gpu_groups.py, about 2.5 minutes)")
     args = parser.parse_args()
 
     logging.disable(logging.WARNING)
@@ -424,6 +426,11 @@ def main() -> None:
                   f"best thr / oracle {fmt(q_on)} vs {fmt(q_off)}")
         print("(median [min-max] over seeds; the walk is deterministic)")
 
+    groups = math.nan
+    if not args.no_groups:
+        from gpu_groups import trials_per_hour_ratio  # benchmarks/ is on sys.path when run as a script
+
+        groups = trials_per_hour_ratio(verbose=False)
     print(f"\ntotal run time {time.perf_counter() - t_start:.1f} s")
     if at:
         def pick(key: str, agg: Callable[[Iterable[float]], float]) -> float:
@@ -432,7 +439,7 @@ def main() -> None:
 
         print(f"tuner@12={pick('tuner@12', min):.3f} tuner@20={pick('tuner@20', min):.3f} "
               f"walk@20={pick('walk@20', max):.3f} random@20={pick('random@20', max):.3f} "
-              f"oom_share={pick('oom_share', max):.3f} trials_per_hour_groups=nan")
+              f"oom_share={pick('oom_share', max):.3f} trials_per_hour_groups={groups:.2f}")
     sys.stdout.flush()
 
 
