@@ -14,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from autotuner.cli import app
+from autotuner.daemon.config import load_config
 from autotuner.scenario import load_scenario
 from tests.conftest import free_port
 
@@ -73,6 +74,9 @@ def test_a_config_file_on_the_command_line_is_read_and_left_alone(tmp_path: Path
     assert daemon["deploy"]["config_path"] == str((tmp_path / "out" / "vllm-tuned.yaml").resolve())
     assert f"your command reads --config {config}" in done.stdout
     assert config.read_text() == "max_num_seqs: 128\ngpu-memory-utilization: 0.85\n"  # the user's file untouched
+    # What init writes is what `autotuner daemon run` reads.
+    loaded = load_config(tmp_path / "out" / "autotuner-daemon.yaml")
+    assert loaded.scenario.engine.flags == sc.engine.flags
 
 
 def test_never_overwrites_without_force(tmp_path: Path) -> None:

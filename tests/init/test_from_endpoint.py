@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from autotuner.daemon.config import load_config
 from autotuner.scenario import LengthSettings, load_scenario
 from autotuner.vllm import Platform, scheduler_defaults
 from autotuner.vllm.metrics import build_1_2_5_buckets
@@ -116,3 +117,5 @@ def test_command_line_and_endpoint_combined_with_an_api_key(sim_server, tmp_path
     assert "has 0 requests" in done.stdout
     daemon = yaml.safe_load((tmp_path / "b" / "autotuner-daemon.yaml").read_text())
     assert daemon["production"] == {"endpoint": server.url, "api_key_env": "PROD_KEY"}
+    loaded = load_config(tmp_path / "b" / "autotuner-daemon.yaml")  # what `autotuner daemon run` reads
+    assert loaded.config.production.api_key_env == "PROD_KEY"
