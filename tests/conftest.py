@@ -135,6 +135,7 @@ def vllm_cpu() -> VllmCpu:
     return VllmCpu(python, model)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`), real-vLLM tests run one after another on one worker (each fills the
     CPUs), and so do the Docker tests (one private engine); the simulator's tests spread over the others."""
