@@ -6,3 +6,6 @@ evidence is stored as trials of kind `confirm` and `soak`, read back by `export`
 """
 
 TRUST_KINDS = ("confirm", "soak")
+# How many candidates confirmation re-measures, and how often each (`tune --confirm KxR`); the study's early
+# stopping lets that many finish (tuner/pruning.py).
+DEFAULT_TOP, DEFAULT_REPEATS = 3, 3

@@ -16,8 +16,10 @@ What each rule claims:
 - Pareto front: an optimistic bound on each objective — the certain bound above for latency
   percentiles; for throughputs an upper bound with one-sided confidence Φ(Z) ≈ 97.7 % (completions
   in a steady window counted as a Poisson process, relative spread 1/√k; tokens per request by their
-  mean plus Z standard errors). Pruned when a feasible Pareto trial is at least as good as those
-  bounds on every objective and better on one. Not before `MIN_SHARE` of the requests finished.
+  mean plus Z standard errors). Pruned when `keep` feasible trials are each at least as good as
+  those bounds on every objective and better on one (`keep` = how many candidates confirmation
+  re-measures: single shots are noisy, so the runners-up must finish too, or confirmation would have
+  only the lucky best to re-measure). Not before `MIN_SHARE` of the requests finished.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ class FrontPoint:
 class Pruner:
     def __init__(self, slos: Mapping[str, float], objectives: Sequence[tuple[str, str]],
                  front: Sequence[FrontPoint] = (), *, slo_margin: float = SLO_MARGIN, z: float = Z,
-                 min_share: float = MIN_SHARE) -> None:
+                 min_share: float = MIN_SHARE, keep: int = 1) -> None:
         self.slos = dict(slos)
+        self.keep = max(1, keep)
         self.objectives = list(objectives)  # (metric, "maximize" | "minimize")
         self.front = list(front)
         self.slo_margin, self.z, self.min_share = slo_margin, z, min_share
@@ -104,12 +107,13 @@ class Pruner:
         if not self.front or k < max(MIN_DONE, math.ceil(self.min_share * partial.total)):
             return None
         bounds = {m: self.optimistic(partial, m, d) for m, d in self.objectives}
-        for point in self.front:
-            if _dominates(point.values, bounds, self.objectives):
-                shown = ", ".join(f"{m} {'≤' if d == 'maximize' else '≥'} {bounds[m]:.4g}" for m, d in self.objectives)
-                return (f"pruned: cannot reach the Pareto front ({shown} at best, {_confidence(self.z):.1%} "
-                        f"one-sided; trial {point.number} does better) after {len(partial.done)}/{partial.total} "
-                        "requests")
+        better = [p.number for p in self.front if _dominates(p.values, bounds, self.objectives)]
+        if len(better) >= self.keep:
+            shown = ", ".join(f"{m} {'≤' if d == 'maximize' else '≥'} {bounds[m]:.4g}" for m, d in self.objectives)
+            which = f"trial {better[0]} does" if len(better) == 1 else \
+                f"trials {', '.join(map(str, better[:self.keep]))} do"
+            return (f"pruned: cannot reach the Pareto front ({shown} at best, {_confidence(self.z):.1%} "
+                    f"one-sided; {which} better) after {len(partial.done)}/{partial.total} requests")
         return None
 
     def optimistic(self, partial: Partial, metric: str, direction: str) -> float:

@@ -27,7 +27,7 @@ from autotuner.errors import UserInputError
 from autotuner.monitor.sampler import memory_listener
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
-from autotuner.trust import TRUST_KINDS
+from autotuner.trust import DEFAULT_TOP, TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
@@ -445,9 +445,13 @@ class Tuner:
         return False, launched
 
     def _pruner(self, study: optuna.Study) -> pruning.Pruner:
-        front = [pruning.FrontPoint(t.number, dict(zip(self.objectives, t.values, strict=True)))
-                 for t in study.best_trials if t.user_attrs.get("feasible")]
-        return pruning.Pruner(self.scenario.slos, list(zip(self.objectives, self.directions, strict=True)), front)
+        # Every feasible trial, not only the front: a trial is stopped only when enough of them beat it for
+        # confirmation's candidates (the front and its runners-up) to be complete without it.
+        feasible = [pruning.FrontPoint(t.number, dict(zip(self.objectives, t.values, strict=True)))
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.user_attrs.get("feasible") and t.user_attrs.get("kind") not in TRUST_KINDS]
+        return pruning.Pruner(self.scenario.slos, list(zip(self.objectives, self.directions, strict=True)), feasible,
+                              keep=DEFAULT_TOP)
 
     def _side_by_side(self, trial: optuna.Trial, group: GpuGroup, slots: GroupSlots) -> None:
         """Noise the numbers carry: the trial's GPUs and the trials that ran beside it (sharing CPU, PCIe

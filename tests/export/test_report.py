@@ -36,7 +36,9 @@ def test_report_files(study_db: StudyDb, tmp_path: Path) -> None:
     assert "](pareto.png)" in md and "](memory.png)" in md
     trial_rows = [line for line in md.split("## Trials")[1].splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(trial_rows) == len(trials)
-    assert "oom-threshold" in md.split("## Trials")[1]  # the baseline's outcome in the table
+    table = md.split("## Trials")[1]
+    for outcome in {t.outcome for t in trials}:  # every outcome the study holds (OOM, pruned, ...) is in the table
+        assert f"| {outcome} |" in table, outcome
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2
     assert 'src="pareto.png"' not in html  # self-contained
@@ -104,7 +106,7 @@ def test_infeasible_trials_do_not_stretch_the_axes(study_db: StudyDb) -> None:
     axes = {a.get_label(): a for a in fig.axes}
     main, band = axes["measured"], axes["infeasible"]
     measured = [t.metrics["ttft_p95_s"] for t in data.trials if t.outcome == "ok"]
-    assert main.get_xlim()[1] < max(measured) * 1.2
+    assert main.get_xlim()[1] < max(*measured, data.scenario.slos["ttft_p95_s"]) * 1.2  # the SLO line is drawn too
     ooms = {t.trial_number for t in data.trials if t.outcome != "ok"}
     assert ooms, "the fixture study should hold OOM trials"
     plotted = {int(x) for c in band.collections for x, _ in c.get_offsets()}
