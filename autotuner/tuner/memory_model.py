@@ -30,8 +30,8 @@ candidate without offload starts: offloading then only slows every step).
 
 `screen(flags)` returns a `Prediction` when a candidate is over the OOM threshold with the stated
 confidence, cannot start, or offloads with no need (the study records it as `oom-predicted`, never
-launched), else None. `probe(...)` picks the
-first trials after the baseline so that they pin the wall. `rescale(model_from, model_to)` carries a
+launched), else None. `probe(...)` picks the first trials after the baseline so that they pin the
+wall. `rescale(model_from, model_to)` carries a
 study's model over to another model (warm start, model swap).
 """
 
