@@ -23,9 +23,15 @@ simulator. Evidence:
   does not fit, weights do not fit): every candidate with no more utilization, no more offload and no
   smaller budget fails too (monotone in each flag, no fit needed).
 
+Before any failure, the model's shape says which candidates cannot start (`Shape`, vLLM's startup
+accounting: weights per card, the profiled activation of one budget step and the KV cache of one
+max-model-len request must fit in utilization × total), and which offloads are not needed (the same
+candidate without offload starts: offloading then only slows every step).
+
 `screen(flags)` returns a `Prediction` when a candidate is over the OOM threshold with the stated
-confidence (the study records it as `oom-predicted`, never launched), else None. `probe(...)` picks the
-first trials after the baseline so that they pin the wall. `rescale(model_from, model_to)` carries a
+confidence, cannot start, or offloads with no need (the study records it as `oom-predicted`, never
+launched), else None. `probe(...)` picks the first trials after the baseline so that they pin the
+wall. `rescale(model_from, model_to)` carries a
 study's model over to another model (warm start, model swap).
 """
 
@@ -65,6 +71,19 @@ PROBE_MAX_P_OVER = 0.2
 # The interval stored with a prediction (two-sided).
 INTERVAL = 0.9
 OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
+MAX_MODEL_LEN = "max-model-len"
+# Startup needs besides weights, activation and KV: non-torch buffers and the CUDA-graph estimate
+# (vLLM charges both to the budget; 0.3-0.6 GiB seen on 24 GB cards).
+STARTUP_OVERHEAD_BYTES = int(0.5 * GIB)
+# The shape's accounting is judged with this slack (a fraction of the card) either way: a candidate
+# cannot start when its KV room is below -slack, surely starts when above +slack.
+STARTUP_SLACK = 0.01
+SAMPLER_BYTES_PER_LOGIT = 16
+# Repair: a share of the utilization range given up costs this many shares of the budget's (log) range.
+# Utilization is the KV cache of every request in flight; a smaller budget only splits long prefills
+# into more chunks, and a budget beyond what one step holds buys nothing.
+UTIL_WEIGHT = 3.0
+DEFAULT_MAX_NUM_SEQS = 256
 # Startup failures that mean "no room left for the KV cache or the weights" (monotone in the flags).
 _NO_ROOM = ("No available memory for the cache blocks", "To serve at least one request",
             "Failed to load model - not enough GPU memory", "CUDA out of memory occurred when warming up")
@@ -88,6 +107,45 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What vLLM's startup needs on one card, from the model's shape (bytes)."""
+
+    weights: int  # weights per card before offload
+    kv_per_token: int
+    activation_per_token: int  # the profiled forward pass, per budget token
+    max_model_len: int
+    vocab_size: int = 0
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> Shape | None:
+        """From a preset or a local config.json; None for a hub name we cannot read offline."""
+        from autotuner.errors import ModelSpecError
+        from autotuner.sim.models import load_model
+
+        try:
+            spec = load_model(scenario.engine.model)
+        except ModelSpecError:
+            return None
+        tp = scenario.tensor_parallel_size()
+        length = scenario.engine.flags.get(MAX_MODEL_LEN, spec.derived_max_model_len)
+        try:
+            length = int(length)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            length = spec.derived_max_model_len
+        return cls(spec.weight_bytes // tp, spec.kv_bytes_per_token(tp), int(_activation_per_token(spec, tp)), length,
+                   spec.vocab_size)
+
+    def kv_room(self, util: float, budget: float, offload_gib: float, total: int, max_model_len: int,
+                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> float:
+        """What the KV cache gets beyond one max-model-len request, as a fraction of the card."""
+        weights = max(0.0, self.weights - offload_gib * GIB)
+        # The profile run samples min(budget, max-num-seqs) rows: float32 logits plus softmax/sort copies.
+        sampler = min(budget, max_num_seqs) * self.vocab_size * SAMPLER_BYTES_PER_LOGIT
+        left = util * total - weights - STARTUP_OVERHEAD_BYTES - budget * self.activation_per_token - sampler
+        return (left - self.kv_per_token * max_model_len) / total
+
+
+@dataclass(frozen=True)
 class Observation:
     trial_number: int
     x: tuple[float, ...]
@@ -108,6 +166,8 @@ class MemoryModel:
     observations: list[Observation] = field(default_factory=list)
     no_room: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     ran_out: list[tuple[int, dict[str, FlagValue]]] = field(default_factory=list)
+    shape: Shape | None = None
+    card_bytes: int | None = None  # one card's total before any measurement (a simulated GPU's)
     _fit: tuple[np.ndarray, np.ndarray, float] | None = None
 
     # --- building -----------------------------------------------------------------------------------
@@ -117,7 +177,8 @@ class MemoryModel:
         """A study's model from its recorded trials so far (resume, or a fresh study with none)."""
         from autotuner.tuner.trial import threshold_of
 
-        model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults))
+        model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
+                    shape=Shape.of(scenario), card_bytes=_card_bytes(scenario))
         for r in records:
             if r.kind not in TRUST_KINDS:
                 model.observe(r.trial_number, r.flags, r.outcome, r.result.get("memory"), r.reason)
@@ -214,6 +275,17 @@ class MemoryModel:
                 p = self._predict_or_unknown(flags)
                 return Prediction(p.peak_fraction, p.low, p.high, 1.0, self.limit_fraction, p.trials,
                                   f"no more memory room than trial {number}, which could not start", number)
+        room = self.kv_room(flags)
+        if room is not None and room < -STARTUP_SLACK and not self._started_with_less_room(x):
+            p = self._predict_or_unknown(flags)
+            return Prediction(p.peak_fraction, p.low, p.high, 1.0, self.limit_fraction, p.trials,
+                              f"cannot start: the model's weights, one budget step and one max-model-len "
+                              f"request leave {room:.1%} of a card for the KV cache")
+        if x[4] > 0 and self.starts({**flags, OFFLOAD: 0.0}) and self.screen({**flags, OFFLOAD: 0.0}) is None:
+            p = self._predict_or_unknown(flags)
+            return Prediction(p.peak_fraction, p.low, p.high, 1.0, self.limit_fraction, p.trials,
+                              "offload not needed: the same candidate without offload starts (offloading "
+                              "only slows every step)")
         if not self.observations:
             return None
         p = self.predict(flags)
@@ -223,6 +295,32 @@ class MemoryModel:
                           f"predicted peak {p.peak_fraction:.1%} of a card ({INTERVAL:.0%} interval "
                           f"{p.low:.1%}–{p.high:.1%}) over the threshold {p.limit_fraction:.1%} with "
                           f"probability {p.p_over:.0%} ({p.trials} measured trials)")
+
+    def kv_room(self, flags: Mapping[str, FlagValue]) -> float | None:
+        """The shape's KV room at startup (fraction of a card); None when the shape or the card is unknown."""
+        total = self.total_bytes or self.card_bytes
+        if self.shape is None or not total:
+            return None
+        x = self.features(flags)
+        length = _num(flags, MAX_MODEL_LEN, self.defaults, self.shape.max_model_len)
+        seqs = _num(flags, "max-num-seqs", self.defaults, DEFAULT_MAX_NUM_SEQS)
+        return self.shape.kv_room(x[1], x[2] * TOKENS, x[4] * 100.0, total, int(length), int(seqs))
+
+    def starts(self, flags: Mapping[str, FlagValue]) -> bool:
+        """Surely starts: measured with less room, or the shape leaves room to spare; never against a
+        startup failure with more room."""
+        x = self.features(flags)
+        if any(x[1] <= f[UTIL] + 1e-9 and x[4] * 100 <= f[OFFLOAD] + 1e-9 and x[2] * TOKENS >= f[BUDGET]
+               for _, f in self.no_room):
+            return False
+        if self._started_with_less_room(x):
+            return True
+        room = self.kv_room(flags)
+        return room is not None and room > STARTUP_SLACK
+
+    def _started_with_less_room(self, x: tuple[float, ...]) -> bool:
+        return any(o.x[1] <= x[1] + 1e-9 and o.x[4] <= x[4] + 1e-9 and o.x[2] >= x[2] - 1e-9
+                   for o in self.observations)
 
     def _predict_or_unknown(self, flags: Mapping[str, FlagValue]) -> Prediction:
         if self.observations:
@@ -237,44 +335,75 @@ class MemoryModel:
         baseline fix the wall's slope in both flags, and the best configs of a memory-bound study lie
         along it (a big KV cache with a small budget, or the reverse). Never a measured point again."""
         util, budget = space.distributions.get(UTIL), space.distributions.get(BUDGET)
-        if util is None or budget is None or not self.observations:
+        if util is None or budget is None or not (self.observations or self.no_room or self.kv_room(base) is not None):
             return None
         lo, hi = float(getattr(util, "low", 0.0)), float(getattr(util, "high", 1.0))
-        u = hi if index % 2 == 0 else lo
+        step = getattr(util, "step", None) or 0.01
+        # The low end is the lowest utilization that can start (a probe that cannot start pins nothing).
+        utils = [hi] if index % 2 == 0 else [lo + k * step for k in range(round((hi - lo) / step) + 1)]
         b_lo, b_hi = float(getattr(budget, "low", 256)), float(getattr(budget, "high", 16384))
         seen = {o.x for o in self.observations}
         for i in range(24, -1, -1):
-            flags = {**base, UTIL: u, BUDGET: b_lo * (b_hi / b_lo) ** (i / 24)}
-            flags = {**base, **space.to_flags(space.clamp(flags))}
-            if self.features(flags) in seen or self.screen(flags) is not None:
-                continue
-            if self.predict(flags).p_over <= max_p_over:
-                return flags
+            for u in utils:
+                flags = {**base, UTIL: round(u, 6), BUDGET: b_lo * (b_hi / b_lo) ** (i / 24)}
+                flags = {**base, **space.to_flags(space.clamp(flags))}
+                if self.features(flags) in seen or self.screen(flags) is not None:
+                    continue
+                if self.predict(flags).p_over <= max_p_over:
+                    return flags
+                break  # more utilization only raises the peak
         return None
 
 
 def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
            max_p_over: float = PROBE_MAX_P_OVER) -> dict[str, FlagValue] | None:
-    """The nearest candidate under the wall to one the model ruled out: the same budget and offload at
-    the highest utilization that is likely to serve, else the budget shrunk step by step. The sampler
-    asks where the optimum is, and the optimum of a memory-bound study sits just under the wall."""
+    """The nearest candidate that is likely to serve to one the model ruled out: utilization (up or
+    down), the token budget (log scale) and offload each measured as a share of its range, utilization
+    counting UTIL_WEIGHT times, so the cheapest axis moves first — a budget shrunk before a KV cache
+    given up, more utilization for a candidate that cannot start, no offload where none is needed.
+    The sampler asks where the optimum is, and the optimum of a memory-bound study sits just under the wall."""
     util = space.distributions.get(UTIL)
     budget = space.distributions.get(BUDGET)
-    if util is None or not model.observations:
+    offload = space.distributions.get(OFFLOAD)
+    if util is None or not (model.observations or model.no_room or model.kv_room(flags) is not None):
         return None
+    u_lo, u_hi = float(getattr(util, "low", 0.0)), float(getattr(util, "high", 1.0))
     step = getattr(util, "step", None) or 0.01
-    b = float(_num(flags, BUDGET, model.defaults, 8192))
-    for _ in range(12):
-        u = float(_num(flags, UTIL, model.defaults, 0.9))
-        while u >= float(getattr(util, "low", 0.0)) - 1e-9:
-            candidate = {**flags, UTIL: round(u, 6), BUDGET: int(b)}
-            if model.screen(candidate) is None and model.predict(candidate).p_over <= max_p_over:
-                return {**flags, **space.to_flags(space.clamp(candidate))}
-            u -= step
-        if budget is None or b * 0.8 < float(getattr(budget, "low", 1)):
-            return None
-        b *= 0.8
+    u0 = float(_num(flags, UTIL, model.defaults, 0.9))
+    b0 = float(_num(flags, BUDGET, model.defaults, 8192))
+    o0 = float(_num(flags, OFFLOAD, model.defaults, 0.0))
+    utils = [u_lo + k * step for k in range(round((u_hi - u_lo) / step) + 1)] if u_hi > u_lo else [u0]
+    if budget is not None:
+        b_lo, b_hi = float(getattr(budget, "low", 1)), float(getattr(budget, "high", b0))
+        budgets = [b for b in (b0 * 0.8 ** j for j in range(-3, 13)) if b_lo - 1e-9 <= b <= b_hi + 1e-9]
+        b_span = max(math.log(b_hi / b_lo), 1e-9)
+    else:
+        budgets, b_span = [b0], 1.0
+    offloads = sorted({0.0, o0}) if offload is not None else [o0]
+    o_span = max(float(getattr(offload, "high", 1.0)) - float(getattr(offload, "low", 0.0)), 1e-9) if offload else 1.0
+    u_span = max(u_hi - u_lo, 1e-9)
+
+    def distance(c: tuple[float, float, float]) -> tuple[float, float]:
+        u, b, o = c
+        # Dropping offload costs nothing (it only slows every step); any other offload change does.
+        moved = 0.0 if o == 0.0 else abs(o - o0) / o_span
+        return (UTIL_WEIGHT * abs(u - u0) / u_span + abs(math.log(b / b0)) / b_span + moved, -u)
+
+    for u, b, o in sorted(((u, b, o) for u in utils for b in budgets for o in offloads), key=distance):
+        candidate = {**flags, UTIL: round(u, 6), BUDGET: int(b)}
+        if offload is not None:
+            candidate[OFFLOAD] = o
+        candidate = {**flags, **space.to_flags(space.clamp(candidate))}
+        if _same(candidate, flags):
+            continue
+        if model.screen(candidate) is None and (not model.observations
+                                                or model.predict(candidate).p_over <= max_p_over):
+            return candidate
     return None
+
+
+def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue]) -> bool:
+    return all(a.get(k) == b.get(k) for k in (UTIL, BUDGET, OFFLOAD))
 
 
 def rescale(model: MemoryModel, model_from: Any, model_to: Any, tensor_parallel: int = 1,
@@ -322,7 +451,8 @@ def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Sce
         return model
     carried = rescale(old, shape_from, shape_to, scenario.tensor_parallel_size(), old.total_bytes)
     return MemoryModel(threshold=model.threshold, total_bytes=model.total_bytes, step_cap=model.step_cap,
-                       defaults=model.defaults, prior_mean=carried.prior_mean, prior_sd=carried.prior_sd)
+                       defaults=model.defaults, prior_mean=carried.prior_mean, prior_sd=carried.prior_sd,
+                       shape=model.shape, card_bytes=model.card_bytes)
 
 
 def step_cap(scenario: Scenario) -> float:
@@ -342,6 +472,18 @@ def step_cap(scenario: Scenario) -> float:
     if longest is None:
         return math.inf
     return float(peak_concurrency(scenario) * longest)
+
+
+def _card_bytes(scenario: Scenario) -> int | None:
+    """A simulated GPU's total; a real card's is known once a trial measured it."""
+    if scenario.engine.kind not in ("sim", "sim-virtual"):
+        return None
+    from autotuner.sim.hardware import load_gpu
+
+    try:
+        return load_gpu(scenario.engine.sim.gpu).memory_bytes
+    except Exception:  # an unknown GPU file is the simulator's error to report, not the model's
+        return None
 
 
 def _activation_per_token(spec: Any, tp: int) -> float:

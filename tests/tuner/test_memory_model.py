@@ -10,11 +10,12 @@ import numpy as np
 
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
-from autotuner.scenario import load_scenario
+from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.models import load_model
-from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel, rescale
+from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel, repair, rescale
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.space import build_space
+from autotuner.tuner.trial import TrialResult
 from tests.tuner.test_study import quickstart
 
 # peak / total = 0.02 + 1.0 util + 0.03 per 10k budget tokens + 0.09 per 10k step tokens − 0.2 per 100 GiB offload
@@ -99,3 +100,92 @@ def test_fits_the_simulator_and_rescales_to_another_model(tmp_path: Path) -> Non
     old, new = model.coefficients, smaller.coefficients
     # 7B's activation per token is smaller than 13B's: the per-token terms shrink by the same ratio.
     assert abs(new["step"]) < abs(old["step"]) and np.isclose(new["util"], old["util"])
+
+
+def llama3_4090() -> Scenario:
+    """Llama-3-8B at max-model-len 8192 on one 24 GB card: low utilizations cannot start."""
+    return Scenario.model_validate({
+        "name": "llama3-8b-rtx4090",
+        "engine": {"kind": "sim-virtual", "model": "llama-3-8b", "flags": {"max-model-len": 8192},
+                   "sim": {"gpu": "rtx-4090", "gpus": 1}},
+        "oom_threshold": {"fraction": 0.97},
+        "workload": {"requests": {"count": 8, "prompt_tokens": {"kind": "uniform", "low": 500, "high": 3000},
+                                  "output_tokens": 32},
+                     "arrivals": {"kind": "concurrency", "concurrency": 4}},
+    })
+
+
+def test_the_shape_rules_out_what_cannot_start_before_any_failure() -> None:
+    scenario = llama3_4090()
+    runner = VirtualRunner(scenario)
+    model = MemoryModel.for_scenario(scenario, {})
+    cannot = {**scenario.engine.flags, UTIL: 0.70, BUDGET: 8192, OFFLOAD: 0.0}
+    skip = model.screen(cannot)
+    assert skip is not None and skip.reason.startswith("cannot start"), skip
+    assert runner.evaluate(cannot).outcome == oc.STARTUP_FAILED  # the simulator agrees
+    can = {**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 0.0}
+    assert model.screen(can) is None
+    assert runner.evaluate(can).outcome != oc.STARTUP_FAILED
+    # A measurement beats the shape: a trial that started with less room says the shape was wrong.
+    model.observe(1, {**cannot, UTIL: 0.70, BUDGET: 16384}, oc.OK, {"peak_fraction": 0.75})
+    assert model.screen(cannot) is None
+
+
+def test_offload_is_screened_only_when_not_needed() -> None:
+    scenario = llama3_4090()
+    model = MemoryModel.for_scenario(scenario, {})
+    skip = model.screen({**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 4.0})
+    assert skip is not None and skip.reason.startswith("offload not needed"), skip
+    # Where the card cannot hold the weights with a max-model-len request, offload is the way in.
+    data = llama3_4090().model_dump()
+    data["engine"]["model"] = "llama-2-13b"
+    data["engine"]["flags"] = {"max-model-len": 4096}
+    big = Scenario.model_validate(data)
+    big_model = MemoryModel.for_scenario(big, {})
+    assert big_model.screen({**big.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 10.0}) is None
+    assert big_model.screen({**big.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 0.0}) is not None
+    # A measured startup failure without offload makes offload needed, whatever the shape says.
+    model.observe(2, {UTIL: 0.95, BUDGET: 256, OFFLOAD: 0.0}, oc.STARTUP_FAILED, {},
+                  "ValueError: No available memory for the cache blocks.")
+    assert model.screen({**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 4.0}) is None
+
+
+def test_probe_low_end_is_the_lowest_utilization_that_starts() -> None:
+    scenario = llama3_4090()
+    runner = VirtualRunner(scenario)
+    space = build_space(scenario)
+    model = MemoryModel.for_scenario(scenario, {})
+    base = {**scenario.engine.flags, UTIL: 0.90, BUDGET: 2048, OFFLOAD: 0.0}
+    model.observe(0, base, *_measured(runner.evaluate(base)))
+    low = model.probe(space, base, 1)
+    assert low is not None and low[UTIL] > space.distributions[UTIL].low  # type: ignore[attr-defined]
+    assert runner.evaluate(low).outcome != oc.STARTUP_FAILED, low
+
+
+def test_repair_shrinks_the_budget_before_giving_up_utilization() -> None:
+    rng = random.Random(5)
+    space = build_space(llama3_4090())
+    model = MemoryModel(threshold=Threshold(fraction=0.97), step_cap=CAP)
+    for n in range(12):
+        flags = random_flags(rng)
+        model.observe(n, flags, oc.OK, {"peak_fraction": true_peak(flags), "total_bytes": [24 << 30]})
+    ruled = {BUDGET: 16384, UTIL: 0.95, OFFLOAD: 0.0}  # true peak 1.07
+    assert model.screen(ruled) is not None
+    nearest = repair(model, space, ruled)
+    assert nearest is not None and model.screen(nearest) is None
+    assert true_peak(nearest) < 0.97, nearest
+    # Lowering utilization alone would have to drop to ~0.82; a smaller budget keeps most of the KV cache.
+    assert nearest[UTIL] >= 0.88 and nearest[BUDGET] < 16384, nearest
+
+
+def _measured(result: TrialResult) -> tuple[str, dict[str, object], str]:
+    return result.outcome, result.memory, result.reason
+
+
+def test_repair_drops_an_offload_that_is_not_needed() -> None:
+    scenario = llama3_4090()
+    model = MemoryModel.for_scenario(scenario, {})
+    ruled = {**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 9.0}
+    assert model.screen(ruled) is not None
+    nearest = repair(model, build_space(scenario), ruled)
+    assert nearest is not None and nearest[OFFLOAD] == 0.0 and nearest[UTIL] == 0.90, nearest
