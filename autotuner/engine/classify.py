@@ -22,6 +22,12 @@ CRASH = "crash"
 # process's GPU memory grew during the trial. Both are retried, never feasible, never exported.
 MONITOR_FAILED = "monitor-failed"
 INTERFERENCE = "interference"
+# The study's own verdicts, never the engine's: a candidate the memory model rules out (recorded, never
+# launched, no engine time) and a trial stopped during its workload because it could not reach the
+# Pareto front or already missed the SLO by a wide margin (an engine run, partial metrics kept). Both
+# are infeasible: never selected, never exported as a winner.
+OOM_PREDICTED = "oom-predicted"
+PRUNED = "pruned"
 
 # (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
 # specific failure seen in the whole log wins overall (see _RANK).

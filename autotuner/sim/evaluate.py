@@ -132,9 +132,12 @@ def startup_summary(plan: MemoryPlan) -> dict[str, float]:
     }
 
 
-def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int | None) -> Evaluation:
+def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int | None,
+             sims_out: list[SimRequest] | None = None) -> Evaluation:
     """Run `requests` through the core. With `concurrency`, requests without an arrival time are sent
-    by that many clients back to back (a closed loop); the others arrive at their times."""
+    by that many clients back to back (a closed loop); the others arrive at their times. `sims_out`
+    receives the requests as the core left them (arrival, first token, finish), for a caller that
+    replays the run's progress (early stopping in virtual time)."""
     summary = config_summary(config)
     try:
         plan = plan_startup(config)
@@ -187,6 +190,8 @@ def evaluate(config: EngineConfig, requests: list[EvalRequest], concurrency: int
                 i, r = closed_loop.pop()
                 heapq.heappush(pending, (now + FRONTEND_LATENCY_S, i, r))
 
+    if sims_out is not None:
+        sims_out.extend(sims)
     total = plan.total_bytes
     evaluation = Evaluation(
         outcome="oom" if oom_at is not None else "ok",

@@ -20,10 +20,12 @@ from autotuner.engine.registry import EngineRegistry
 from autotuner.errors import ScenarioError
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
+from autotuner.sim.core import SimRequest
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
 from autotuner.sim.hardware import load_gpu
 from autotuner.sim.models import load_model
 from autotuner.store.db import StudyKey
+from autotuner.tuner import pruning
 from autotuner.tuner.trial import Phase, TrialResult, measure, monitor_for, threshold_of
 from autotuner.workload.spec import LengthDist
 
@@ -166,7 +168,9 @@ class VirtualRunner(TrialRunner):
             result.reason = exc.message.splitlines()[-1].strip().removeprefix("Value error, ")
             return result
         reqs, concurrency = self.requests(config.model.vocab_size)
-        ev = evaluate(config, reqs, concurrency)
+        pruner = pruning.judge.get()
+        sims: list[SimRequest] = []
+        ev = evaluate(config, reqs, concurrency, sims if pruner is not None else None)
         result.engine = {"version": f"{VLLM_VERSION} (simulated)", "kv_cache_tokens": ev.kv_cache_tokens,
                          "preemptions": ev.preemptions, "kv_cache_usage_max": None,
                          "max_num_batched_tokens": config.max_num_batched_tokens, "log_path": None,
@@ -195,4 +199,26 @@ class VirtualRunner(TrialRunner):
                              f"{total / 2**30:.2f} GiB")
         if result.outcome != oc.OK:
             result.metrics = {}
+        elif pruner is not None:
+            _prune_in_virtual_time(result, pruner, sims, len(reqs))
         return result
+
+
+def _prune_in_virtual_time(result: TrialResult, pruner: pruning.Pruner, sims: list[SimRequest], total: int) -> None:
+    """Ask the pruner at each completion, as the live replay would have: the first verdict stops the
+    run there (what the rest of the run would have shown is dropped, as it would never have been seen).
+    The memory peak stays the whole run's (the virtual core keeps no timeline): a bound from above."""
+    start = min((s.arrival for s in sims), default=0.0)
+    done: list[pruning.Done] = []
+    for s in sorted((s for s in sims if s.finished_at is not None), key=lambda s: s.finished_at or 0.0):
+        assert s.finished_at is not None
+        ttft = None if s.first_token is None else s.first_token - s.arrival
+        tpot = (s.finished_at - s.first_token) / (s.output_len - 1) \
+            if s.first_token is not None and s.output_len > 1 else None
+        done.append(pruning.Done(s.finished_at - start, True, s.output_len, ttft, tpot, s.finished_at - s.arrival))
+        partial = pruning.Partial(s.finished_at - start, total, list(done))
+        reason = pruner.check(partial)
+        if reason is not None:
+            result.outcome, result.reason = oc.PRUNED, reason
+            result.metrics = partial.metrics()
+            return

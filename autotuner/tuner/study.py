@@ -28,12 +28,12 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
-from autotuner.tuner import memory_margin
+from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
+from autotuner.tuner.memory_model import MemoryModel, repair
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
-from autotuner.tuner.wall import MemoryWall
 
 log = structlog.get_logger(__name__)
 
@@ -43,12 +43,16 @@ MAX_FAILED_SHARE = 0.01
 # Stand-in for "as slow as it gets" when no trial was feasible yet (seconds).
 WORST_LATENCY_S = 600.0
 INTERRUPTED = "interrupted"
-# A candidate the memory wall already rules out: recorded, never launched.
-OOM_PREDICTED = "oom-predicted"
+OOM_PREDICTED = oc.OOM_PREDICTED
 # Candidates rejected before launch (flag rules, the wall) do not use up the budget of engine runs;
 # this many in a row means the space left has nothing worth launching.
 MAX_FREE_IN_A_ROW = 30
 SEED_GRACE_S = 60.0
+# Trials after the baseline placed by the memory model to pin the wall.
+WALL_PROBES = 2
+# Kinds of candidates the memory model may rule out (the baseline, the user's own config and warm
+# starts are measured whatever it says: they are references).
+SCREENED = ("search", "repaired")
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -105,6 +109,10 @@ def constraints_of(result: TrialResult, scenario: Scenario) -> dict[str, float]:
         out["startup"] = 1.0
         out["memory"] = min(out["memory"], 0.0)
     m = result.metrics
+    if result.outcome == oc.PRUNED:
+        # Stopped as hopeless: never feasible; the SLO part says how far it was when stopped.
+        ratios = [(m.get(metric) or 0.0) / limit - 1.0 for metric, limit in scenario.slos.items()]
+        out["slo"] = max(min(max(ratios), 10.0), 1e-3) if ratios else 1e-3
     if result.outcome == oc.OK:
         total = (m.get("completed") or 0) + (m.get("failed") or 0)
         failed_share = (m.get("failed") or 0) / total if total else 1.0
@@ -121,7 +129,7 @@ def feasible(constraints: dict[str, float]) -> bool:
 class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
-                 on_event: Event | None = None, warm_start: str | None = None) -> None:
+                 on_event: Event | None = None, warm_start: str | None = None, prune: bool = True) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -132,6 +140,7 @@ class Tuner:
         self.timeout_s = timeout_s if timeout_s is not None else parse_duration(scenario.budget.timeout)
         self.seed = seed
         self.warm_start = warm_start
+        self.prune = prune  # stop hopeless trials during their workload (pruning.py)
         self.on_event = on_event or (lambda _k, _d: None)
         self.objectives = [o.metric for o in scenario.objectives]
         self.directions = [o.direction for o in scenario.objectives]
@@ -237,14 +246,6 @@ class Tuner:
         if "baseline" not in kinds:
             defaults = {k: v for k, v in self.rules.defaults().items() if k in self.space.distributions}
             study.enqueue_trial(self.space.clamp(defaults), user_attrs={"kind": "baseline"})
-            # What a person does after the defaults die on long prompts: halve the token budget, twice.
-            # These first probes sit on the safe side of the wall instead of random spots in a space
-            # that is half OOM, and the sampler starts from them.
-            budget = defaults.get("max-num-batched-tokens")
-            for divisor in (2, 4) if isinstance(budget, int) else ():
-                probe = self.space.clamp({**defaults, "max-num-batched-tokens": budget // divisor})
-                if probe != self.space.clamp(defaults):
-                    study.enqueue_trial(probe, user_attrs={"kind": "probe"})
         if self.scenario.current_config and "current" not in kinds:
             study.enqueue_trial(self.space.clamp(self.scenario.current_config), user_attrs={"kind": "current"})
         if self.warm_start and "warm-start" not in kinds:
@@ -302,6 +303,7 @@ class Tuner:
                 log.error("tune.stopped", study=self.study_name, reason=self.breaker.tripped)
                 ended = "stopped"
                 break
+            self._probe_wall(study)
             interrupted, launched = await self._one(study, done)
             if interrupted:
                 break
@@ -311,10 +313,24 @@ class Tuner:
         return self._summary(study, sampler, ended)
 
     def _learn_wall(self, study: optuna.Study) -> None:
-        self.wall = MemoryWall()
-        for t in launched_trials(study):
-            if t.user_attrs.get("outcome") in (oc.OOM_THRESHOLD, oc.OOM_CRASH):
-                self.wall.add(t.number, self.space.to_flags(t.params))
+        # The memory model learns from every measured trial so far (a resumed study starts where it was).
+        self.memory = MemoryModel.for_scenario(self.scenario, self.rules.defaults(), self.store.trials(self.study_name))
+
+    def _probe_wall(self, study: optuna.Study) -> None:
+        """The first trials after the baseline go where the memory model learns the wall fastest (just
+        under it, where the best configs usually are too), instead of random spots in a space that is
+        half OOM."""
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials) or not launched_trials(study):
+            return
+        probes = sum(t.user_attrs.get("kind") == "probe" for t in trials)
+        if probes >= WALL_PROBES:
+            return
+        baseline = next((t for t in trials if t.user_attrs.get("kind") == "baseline"), None)
+        base = {**self.scenario.engine.flags, **(self.space.to_flags(baseline.params) if baseline else {})}
+        flags = self.memory.probe(self.space, base, probes) or self.memory.probe(self.space, base, probes + 1)
+        if flags is not None:
+            study.enqueue_trial(self.space.clamp(flags), user_attrs={"kind": "probe"})
 
     async def _one(self, study: optuna.Study, done: int) -> tuple[bool, bool]:
         """One candidate; returns (interrupted, launched)."""
@@ -326,14 +342,20 @@ class Tuner:
                                 "flags": flags, "kind": kind})
         merged = {**self.scenario.engine.flags, **flags}
         violation = self.rules.violation(merged) or host_ram_problem(self.scenario, merged)
-        wall = self.wall.dominating(flags) if kind == "search" else None
+        wall = self.memory.screen(merged) if kind in SCREENED and violation is None else None
         if violation is not None:
             result = TrialResult(oc.INVALID_FLAGS, violation, merged, [])
         elif wall is not None:
-            result = TrialResult(OOM_PREDICTED, f"not launched: at least as large as trial {wall.trial_number}, "
-                                 "which ran out of memory, in every memory-growing flag", merged, [])
+            result = TrialResult(OOM_PREDICTED, f"not launched: {wall.reason}", merged, [])
+            for name, value in wall.to_attrs().items():
+                trial.set_user_attr(name, value)
+            nearest = repair(self.memory, self.space, merged) if kind == "search" else None
+            if nearest is not None:  # measured next, in the sampler's place
+                study.enqueue_trial(self.space.clamp(nearest), user_attrs={"kind": "repaired",
+                                                                           "repaired_from": trial.number})
         else:
             beat = asyncio.ensure_future(self._heartbeat(trial))
+            judged = pruning.judge.set(self._pruner(study)) if self.prune else None
             try:
                 result = await self._measure(flags)
             except asyncio.CancelledError:
@@ -350,6 +372,8 @@ class Tuner:
                 raise
             finally:
                 beat.cancel()
+                if judged is not None:
+                    pruning.judge.reset(judged)
         launched = violation is None and wall is None
         trial.set_user_attr("launched", launched)
         self._tell(study, trial, kind, result, started)
@@ -357,9 +381,14 @@ class Tuner:
             tripped = self.breaker.record(result.infrastructure, result.reason)
             if tripped is not None:
                 self.on_event("stopped", {"reason": tripped})
-        if launched and result.outcome in (oc.OOM_THRESHOLD, oc.OOM_CRASH):
-            self.wall.add(trial.number, flags)
+        if launched and not result.infrastructure:
+            self.memory.observe(trial.number, merged, result.outcome, result.memory, result.reason)
         return False, launched
+
+    def _pruner(self, study: optuna.Study) -> pruning.Pruner:
+        front = [pruning.FrontPoint(t.number, dict(zip(self.objectives, t.values, strict=True)))
+                 for t in study.best_trials if t.user_attrs.get("feasible")]
+        return pruning.Pruner(self.scenario.slos, list(zip(self.objectives, self.directions, strict=True)), front)
 
     async def _heartbeat(self, trial: optuna.Trial) -> None:
         interval = self._storage.get_heartbeat_interval()

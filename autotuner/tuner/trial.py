@@ -47,9 +47,10 @@ from autotuner.monitor.foreign import (
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 from autotuner.sim.hardware import load_gpu
+from autotuner.tuner import pruning
 from autotuner.workload import prometheus
 from autotuner.workload.client import StreamingClient, http_client, shard_count
-from autotuner.workload.replay import Replayer
+from autotuner.workload.replay import CANCELLED, Replayer
 from autotuner.workload.requests import build_requests
 from autotuner.workload.summary import summarize
 
@@ -498,15 +499,20 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
         stop_poll = asyncio.Event()
         snapshots: list[prometheus.Snapshot] = []
         poller = asyncio.ensure_future(prometheus.poll(http, plan.base_url, METRICS_POLL_S, stop_poll, snapshots))
-        run = died = trip = stop = None
+        run = died = trip = stop = prune = None
+        pruned: str | None = None
         try:
             phase("replay")
             run = asyncio.ensure_future(replayer.run())
             died = asyncio.ensure_future(_watch_exit(engine))
             trip = asyncio.ensure_future(tripped.wait())
             stop = asyncio.ensure_future(aborted.wait())
-            await asyncio.wait({run, died, trip, stop}, return_when=asyncio.FIRST_COMPLETED)
-            await _cancel(run, died, trip, stop)
+            pruner = pruning.judge.get()
+            prune = asyncio.ensure_future(pruning.watch(replayer, pruner)) if pruner is not None else None
+            await asyncio.wait({run, died, trip, stop, *([prune] if prune else [])},
+                               return_when=asyncio.FIRST_COMPLETED)
+            pruned = prune.result() if prune is not None and prune.done() and not prune.cancelled() else None
+            await _cancel(run, died, trip, stop, prune)
             replay = replayer.result()
             after = await _scrape(http, plan.base_url)
             stop_poll.set()
@@ -514,14 +520,21 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
                 await asyncio.wait_for(asyncio.shield(poller), timeout=5)
         finally:
             # Also when we are cancelled: no replay, poll or watch task outlives the trial.
-            await _cancel(run, died, trip, stop, poller)
-    result.metrics = summarize(replay.results, replay.duration_s, time_scale)
+            await _cancel(run, died, trip, stop, prune, poller)
+    results = replay.results
+    if pruned is not None:
+        # Stopped on purpose: the requests cut short are not failures of the configuration.
+        results = [r for r in results if r.error != CANCELLED]
+        result.outcome, result.reason = oc.PRUNED, pruned
+    result.metrics = summarize(results, replay.duration_s, time_scale)
+    if pruned is not None:
+        result.metrics["partial_of"] = len(replay.results) + replay.not_sent
     if before is not None and after is not None:
         d = prometheus.delta(before, after)
         result.engine["preemptions"] = int(d.preemptions)
     kv_peak = prometheus.peak([s for s in (before, *snapshots, after) if s is not None])
     result.engine["kv_cache_usage_max"] = kv_peak
-    failed = [r for r in replay.results if not r.ok]
+    failed = [r for r in results if not r.ok]
     if failed and not result.reason:
         result.reason = f"{len(failed)} request(s) failed, first: {failed[0].error}"
 

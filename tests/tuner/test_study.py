@@ -55,7 +55,11 @@ def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Pa
     assert len(launched_trials(study)) == 12  # the budget counts engine runs; rejected candidates are extra
     assert trials[0].user_attrs["kind"] == "baseline"
     assert [t.user_attrs["kind"] for t in trials[1:3]] == ["probe", "probe"]
-    assert [t.params["max-num-batched-tokens"] for t in trials[1:3]] == [1024, 512]
+    # The memory model pins the wall at the top and the bottom of the utilization range, under the wall
+    # it fitted from the baseline: neither runs out of memory (one may be pruned as slow).
+    assert {t.params["gpu-memory-utilization"] for t in trials[1:3]} <= {0.95, 0.85}
+    assert trials[1].params != trials[2].params
+    assert all(t.user_attrs["outcome"] in ("ok", "pruned") for t in trials[1:3])
     assert trials[0].params == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.92, "cpu-offload-gb": 0.0}
     # The evidence-based wall (autotuner/sim/memory.py): vLLM's defaults serve these long prompts; the
     # quickstart's space reaches past the wall, where trials die.
