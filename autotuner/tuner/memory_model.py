@@ -43,7 +43,8 @@ from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.trust import TRUST_KINDS
-from autotuner.tuner.space import Space
+from autotuner.tuner import offload_axis
+from autotuner.tuner.space import Space, offload_shape
 
 BUDGET = "max-num-batched-tokens"
 UTIL = "gpu-memory-utilization"
@@ -108,6 +109,7 @@ class MemoryModel:
     observations: list[Observation] = field(default_factory=list)
     no_room: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     ran_out: list[tuple[int, dict[str, FlagValue]]] = field(default_factory=list)
+    offload_shape: offload_axis.LayerShape | None = None  # turns prefetch flags into GiB freed
     _fit: tuple[np.ndarray, np.ndarray, float] | None = None
 
     # --- building -----------------------------------------------------------------------------------
@@ -117,7 +119,8 @@ class MemoryModel:
         """A study's model from its recorded trials so far (resume, or a fresh study with none)."""
         from autotuner.tuner.trial import threshold_of
 
-        model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults))
+        model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
+                    offload_shape=offload_shape(scenario))
         for r in records:
             if r.kind not in TRUST_KINDS:
                 model.observe(r.trial_number, r.flags, r.outcome, r.result.get("memory"), r.reason)
@@ -134,7 +137,8 @@ class MemoryModel:
     def features(self, flags: Mapping[str, FlagValue]) -> tuple[float, ...]:
         budget = float(_num(flags, BUDGET, self.defaults, 8192))
         util = float(_num(flags, UTIL, self.defaults, 0.9))
-        offload = float(_num(flags, OFFLOAD, self.defaults, 0.0))
+        # GiB freed per GPU whatever the backend (UVA's --cpu-offload-gb, or prefetch's layers less buffers).
+        offload = offload_axis.freed_gib({**self.defaults, **flags}, self.offload_shape)
         return (1.0, util, budget / TOKENS, min(budget, self.step_cap) / TOKENS, offload / 100.0)
 
     def observe(self, trial_number: int, flags: Mapping[str, FlagValue], outcome: str,
