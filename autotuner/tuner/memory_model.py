@@ -41,7 +41,7 @@ import numpy as np
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
-from autotuner.store.db import TrialRecord
+from autotuner.store.db import Store, TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.tuner import offload_axis
 from autotuner.tuner.space import Space, offload_shape
@@ -304,6 +304,29 @@ def rescale(model: MemoryModel, model_from: Any, model_to: Any, tensor_parallel:
     return MemoryModel(threshold=model.threshold, total_bytes=model.total_bytes, step_cap=model.step_cap,
                        defaults=dict(model.defaults),
                        prior_mean=new_mean, prior_sd=np.minimum(spread, PRIOR_SD))
+
+
+def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Scenario) -> MemoryModel:
+    """`model` (a new study's, still without measurements) with the prior of an older study's fitted
+    model rescaled to this scenario's model (a model swap or a warm start). Unchanged when the old
+    study or either model's shape is unknown (a hub name that is not a local config.json)."""
+    from autotuner.errors import ModelSpecError
+    from autotuner.sim.models import load_model
+
+    record = store.study(old_study)
+    if record is None or model.observations:
+        return model
+    try:
+        old_scenario = Scenario.model_validate(record.scenario)
+        shape_from, shape_to = load_model(old_scenario.engine.model), load_model(scenario.engine.model)
+    except (ModelSpecError, ValueError):
+        return model
+    old = MemoryModel.for_scenario(old_scenario, model.defaults, store.trials(old_study))
+    if not old.observations:
+        return model
+    carried = rescale(old, shape_from, shape_to, scenario.tensor_parallel_size(), old.total_bytes)
+    return MemoryModel(threshold=model.threshold, total_bytes=model.total_bytes, step_cap=model.step_cap,
+                       defaults=model.defaults, prior_mean=carried.prior_mean, prior_sd=carried.prior_sd)
 
 
 def step_cap(scenario: Scenario) -> float:

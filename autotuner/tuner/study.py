@@ -30,7 +30,7 @@ from autotuner.trust import TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
-from autotuner.tuner.memory_model import MemoryModel, repair
+from autotuner.tuner.memory_model import MemoryModel, repair, warm_started
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
@@ -315,6 +315,8 @@ class Tuner:
     def _learn_wall(self, study: optuna.Study) -> None:
         # The memory model learns from every measured trial so far (a resumed study starts where it was).
         self.memory = MemoryModel.for_scenario(self.scenario, self.rules.defaults(), self.store.trials(self.study_name))
+        if self.warm_start:  # after a model swap: the old study's wall, rescaled, as the prior
+            self.memory = warm_started(self.memory, self.store, self.warm_start, self.scenario)
 
     def _probe_wall(self, study: optuna.Study) -> None:
         """The first trials after the baseline go where the memory model learns the wall fastest (just

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.store.db import Store
+from autotuner.tuner.memory_model import PRIOR_MEAN
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner, launched_trials
 
@@ -229,6 +230,8 @@ def test_model_swap_opens_a_new_study_warm_started_from_the_old(tmp_path: Path) 
     second = Tuner(swapped, VirtualRunner(swapped), store, n_trials=6, seed=1, warm_start=first.study_name)
     assert second.study_name != first.study_name
     asyncio.run(second.run())
+    # The old study's fitted memory wall, rescaled to the 7B model, is the new study's prior.
+    assert second.memory.prior_mean.tolist() != PRIOR_MEAN.tolist()
     kinds = [r.kind for r in store.trials(second.study_name)]
     assert kinds[0] == "baseline"
     assert "warm-start" in kinds
