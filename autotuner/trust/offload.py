@@ -3,7 +3,7 @@
 
 Two pieces of evidence, both required: the engine's load log names the offloaded amount (UVA: "Total
 CPU offloaded parameters: X GiB"; prefetch: "[PrefetchOffloader] Initialized N modules. Total GPU
-memory saved: X GB, Static runtime buffers: Y GB"), and the weights' GPU footprint ("Model loading
+memory saved: X GB, Static buffer pool: Y GB"), and the weights' GPU footprint ("Model loading
 took X GiB") is lower than that of a comparable trial without offload, by at least half the amount
 asked (UVA) or logged (prefetch, whose flags name layers, not GiB).
 """
