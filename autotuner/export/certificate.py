@@ -16,6 +16,7 @@ from autotuner.scenario import LengthSettings, Scenario
 from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
 from autotuner.tuner import memory_margin
+from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.trial import threshold_of
 
 # The figures a deployer asks about first, in the order they are shown.
@@ -186,7 +187,7 @@ def verification(selection: Selection, allow_unverified: bool) -> Verification:
         confirmation=c.to_dict() if c is not None else None,
         soak=selection.soak.to_dict() if selection.soak is not None else None,
         offload=c.offload if c is not None and c.offload is not None else (
-            {"verified": None, "reason": "never checked"} if float(selection.chosen.flags.get("cpu-offload-gb") or 0)
+            {"verified": None, "reason": "never checked"} if from_flags(selection.chosen.flags, None)[0] != "none"
             else None),
         simulator_noise=scenario.engine.sim.noise if selection.study.simulated else None,
         unverified=list(selection.missing) if allow_unverified else [],

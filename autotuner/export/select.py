@@ -26,6 +26,7 @@ from autotuner.store.db import Store, StudyRecord, TrialRecord, sqlalchemy_url
 from autotuner.trust import TRUST_KINDS
 from autotuner.trust.summary import Confirmation, SoakVerdict, confirmations, last_soak, soaks
 from autotuner.tuner import memory_margin
+from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.study import MAX_FAILED_SHARE, constraints_of
 from autotuner.tuner.trial import TrialResult, threshold_of
 
@@ -343,10 +344,10 @@ def missing_verification(selection: Selection) -> list[str]:
     elif not selection.soak.passed:
         out.append(f"a passed soak (trial {selection.soak.trial}: {selection.soak.reason}): "
                    f"run `autotuner soak --study {name}` for the next candidate")
-    offload = float(chosen.flags.get("cpu-offload-gb") or 0)
-    if offload > 0 and (c is None or c.offload is None or c.offload.get("verified") is not True):
-        out.append(f"evidence that --cpu-offload-gb {offload:g} really offloaded: run "
-                   f"`autotuner confirm --study {name}`")
+    mode, offload = from_flags(chosen.flags, None)
+    if mode != "none" and (c is None or c.offload is None or c.offload.get("verified") is not True):
+        asked = f"--cpu-offload-gb {offload:g}" if mode == "uva" else "the prefetch offload"
+        out.append(f"evidence that {asked} really offloaded: run `autotuner confirm --study {name}`")
     return out
 
 

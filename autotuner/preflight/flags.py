@@ -45,7 +45,10 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
         elif spec.kind not in _PARAM_KINDS[param.type]:
             return [Check("flags", "failed", f"search_space.{raw}: type {param.type}, but --{name} takes "
                           f"{spec.allowed()}", f"use type {spec.kind} for {raw}")]
-    names = [*fixed, *given, *(scenario.search_space or {})]
+    from autotuner.tuner.offload_axis import FREED, MODE
+
+    axis = (MODE, FREED)  # the offload axis: ours, turned into vLLM's flags per candidate
+    names = [*fixed, *given, *(n for n in scenario.search_space or {} if n.removeprefix("--") not in axis)]
     unknown = vllm.unknown(dict.fromkeys(n.removeprefix("--").replace("_", "-") for n in names))
     if unknown and engine.kind != "vllm":
         return [Check("flags", "failed", f"the simulator does not know --{', --'.join(unknown)}",

@@ -66,6 +66,10 @@ class EngineConfig:
     enforce_eager: bool
     kv_cache_dtype: str
     sim: SimOptions
+    offload_backend: str = "none"  # the backend that runs (vLLM's `auto` resolved): none | uva | prefetch
+    offload_group_size: int = 0
+    offload_num_in_group: int = 1
+    offload_prefetch_step: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)
@@ -83,9 +87,40 @@ class EngineConfig:
 
     @property
     def offload_bytes(self) -> int:
-        if self.sim.ignore_cpu_offload:
+        """UVA: weight bytes per GPU read over PCIe in place (zero-copy) on every forward pass."""
+        if self.sim.ignore_cpu_offload or self.offload_backend != "uva":
             return 0
         return min(int(self.cpu_offload_gb * GIB), self.model.weight_bytes // self.tensor_parallel_size)
+
+    @property
+    def layer_bytes(self) -> int:
+        """One decoder layer's weights on one GPU."""
+        return self.model.params_per_layer * self.model.dtype_bytes // self.tensor_parallel_size
+
+    @property
+    def prefetch_layers(self) -> int:
+        """Layers the prefetch backend keeps in host RAM: the last K of every group of G (vLLM's
+        `should_offload_module`: index % G >= G - K), so a partial last group offloads fewer."""
+        g, k = self.offload_group_size, self.offload_num_in_group
+        if self.offload_backend != "prefetch" or g <= 0:
+            return 0
+        full, rest = divmod(self.model.num_layers, g)
+        return full * k + max(0, rest - (g - k))
+
+    @property
+    def prefetch_bytes(self) -> int:
+        """Prefetch: weight bytes per GPU held in host RAM and copied back before each use."""
+        return self.prefetch_layers * self.layer_bytes
+
+    @property
+    def prefetch_buffer_bytes(self) -> int:
+        """Prefetch: static GPU buffers for the layers in flight (S of them, at most every offloaded one)."""
+        return min(self.offload_prefetch_step, self.prefetch_layers) * self.layer_bytes
+
+    @property
+    def freed_bytes(self) -> int:
+        """GPU memory per GPU that offloading gives back to the KV cache, whatever the backend."""
+        return self.offload_bytes + self.prefetch_bytes - self.prefetch_buffer_bytes
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,6 +263,10 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
         block_size=serve.block_size,
         enforce_eager=bool(ns.enforce_eager),
         kv_cache_dtype=ns.kv_cache_dtype or "auto",
+        offload_backend=serve.offload_backend,
+        offload_group_size=serve.offload_group_size,
+        offload_num_in_group=serve.offload_num_in_group,
+        offload_prefetch_step=serve.offload_prefetch_step,
         sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed,
                        noise=ns.sim_noise, run=ns.sim_run, ignore_cpu_offload=ns.sim_ignore_cpu_offload),
         host=ns.host,

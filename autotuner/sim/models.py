@@ -94,6 +94,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama-2-13b", 5120, 40, 40, 40, 128, 13824, 32000, 4096),
         ModelSpec("llama-3-8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192, dtype="bfloat16"),
         ModelSpec("llama-2-70b", 8192, 80, 64, 8, 128, 28672, 32000, 4096),
+        # meta-llama/Meta-Llama-3-70B's config.json.
+        ModelSpec("llama-3-70b", 8192, 80, 64, 8, 128, 28672, 128256, 8192, dtype="bfloat16"),
         ModelSpec("mistral-7b", 4096, 32, 32, 8, 128, 14336, 32000, 32768, dtype="bfloat16"),
         # Qwen3 shapes from their Hugging Face config.json (Qwen/Qwen3-1.7B, -4B, -8B); the published-run
         # table (benchmarks/data/published_runs.yaml) has vLLM measurements of them.

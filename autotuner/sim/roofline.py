@@ -7,8 +7,19 @@
   layers multiply every token and the output projection (lm_head) only the rows being sampled — one
   per request, not one per prompt token — and an untied input embedding is gathered, not streamed;
 - attention, a kernel of its own: max(KV bytes attended / bandwidth, attention FLOPs / throughput);
-- every step reads the offloaded weights over PCIe (UVA zero-copy), the host's fabric shared by the
-  TP ranks;
+- UVA offload (`--cpu-offload-gb`): every step's kernels read the offloaded weights over PCIe in
+  place (zero-copy), the host's fabric shared by the TP ranks; that time adds to the step
+  (facts note §3: ~45 ms per GiB on a 3090, #22692's 6.4 tok/s at TP 8 with 16 GB offloaded);
+- prefetch offload (`--offload-backend prefetch`): every forward pass copies each offloaded layer
+  back (async H2D on a copy stream, S layers ahead) over the same shared fabric, overlapped with the
+  compute of the layers before it, so GPU work = max(compute, copies) plus a wait/start pair of custom
+  ops per offloaded layer (PREFETCH_SYNC_PER_LAYER_S). The bytes crossing PCIe per step are the same
+  as UVA's for the same layers; prefetch only hides them behind compute, so it gains at most 2× over
+  UVA at equal bytes, and least where the copies dwarf the compute (decode of a big model with many
+  GiB offloaded). No published throughput figures for the prefetch backend exist (searched vLLM's
+  issues and docs, Nov 2026); the overlap is the design's claim (vllm/config/offload.py), the
+  per-layer sync cost an estimate. S only buys GPU buffers here: we assume S ≥ 1 suffices to keep the
+  copy stream busy, which holds when a layer's copy fits the compute between offloaded layers;
 - two all-reduces per layer (latency + ring traffic) over NVLink or PCIe;
 - kernel launches: steps up to vLLM's CUDA-graph capture size (min(2 × max_num_seqs, 512,
   max_num_batched_tokens), vllm/config/vllm.py) replay a graph; larger steps and --enforce-eager
@@ -57,6 +68,9 @@ HOST_PCIE_TOTAL_GBPS = 64.0
 # (A100-40GB, Llama-3.1-8B) and 2.6 ms (A100, Qwen3-1.7B); the median is 1.9 ms. (It was 3 ms, set by
 # hand before any published run was compared.)
 STEP_OVERHEAD_S = 1.9e-3
+# Prefetch offload: wait_prefetch + start_prefetch custom ops and event syncs per offloaded layer and
+# step (an estimate: a few stream-event operations, ~10 µs each; no published figure).
+PREFETCH_SYNC_PER_LAYER_S = 30e-6
 PER_REQUEST_OVERHEAD_S = 15e-6
 # Kernel launches per layer for a step that cannot replay a CUDA graph.
 EAGER_LAUNCH_PER_LAYER_S = 110e-6
@@ -85,6 +99,7 @@ class Roofline:
         self._fill_tokens = GEMM_FILL_OUTPUTS / (model.hidden_size / tp)
         self._small_tokens = GEMM_SMALL_STEP_FRACTION * self._fill_tokens
         self._attn_flops = gpu.fp16_tflops * 1e12 * ATTENTION_MFU
+        # Weights streamed from HBM: prefetched layers are read from their GPU buffers like any other.
         self._weights = max(0, model.streamed_bytes // tp - config.offload_bytes)
         self._token_params = model.token_params / tp
         self._head_params = model.lm_head_params / tp
@@ -92,6 +107,8 @@ class Roofline:
         self._attn_flops_per_pair = 4 * model.num_layers * (model.num_heads // tp) * model.head_dim
         pcie = min(gpu.pcie_gbps, HOST_PCIE_TOTAL_GBPS / tp) * 1e9
         self._offload_s = config.offload_bytes / pcie if config.offload_bytes else 0.0
+        self._prefetch_s = config.prefetch_bytes / pcie if config.prefetch_bytes else 0.0
+        self._prefetch_sync_s = config.prefetch_layers * PREFETCH_SYNC_PER_LAYER_S
         self._num_allreduce = 2 * model.num_layers if tp > 1 else 0
         latency = ALLREDUCE_LATENCY_NVLINK_S if gpu.nvlink_gbps > 0 else ALLREDUCE_LATENCY_PCIE_S
         self._ar_latency = latency
@@ -111,6 +128,6 @@ class Roofline:
             self._attn_flops_per_pair * shape.attention_pairs / self._attn_flops,
         )
         allreduce = self._num_allreduce * (self._ar_latency + t * self._ar_bytes_per_token / self._link)
-        gpu = linear + attention + self._offload_s + allreduce
+        gpu = max(linear + attention + self._offload_s + allreduce, self._prefetch_s) + self._prefetch_sync_s
         launches = self._eager_launch if self._always_eager or t > self._graph_tokens else 0.0
         return max(gpu, launches) + STEP_OVERHEAD_S + PER_REQUEST_OVERHEAD_S * shape.num_requests

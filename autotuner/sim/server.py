@@ -30,7 +30,7 @@ from autotuner.sim import tokens
 from autotuner.sim.args import VLLM_VERSION, EngineConfig
 from autotuner.sim.core import EngineCore, SimRequest, StepResult
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
-from autotuner.sim.memory import CUDA_CONTEXT_BYTES, MemoryPlan, StartupError, gib, plan_startup
+from autotuner.sim.memory import CUDA_CONTEXT_BYTES, MemoryPlan, StartupError, gib, plan_startup, prefetch_init_line
 from autotuner.sim.metrics import EngineMetrics
 from autotuner.sim.noise import RunNoise, next_run
 from autotuner.sim.vllm_log import VllmLog
@@ -503,6 +503,9 @@ async def _start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
     for p in plans[1:]:  # the engine takes the smallest KV cache over the workers
         if p.num_blocks < plan.num_blocks:
             plan = p
+    if config.offload_backend != "none":
+        offloader = "PrefetchOffloader" if config.offload_backend == "prefetch" else "UVAOffloader"
+        log.worker(0, pids[0], f"Offloader set to {offloader}", where="base.py:139")
     for rank in range(tp):
         log.worker(rank, pids[rank], "Starting to load model " + config.model_arg + "...",
                    where="gpu_model_runner.py:2338")
@@ -510,9 +513,12 @@ async def _start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
     await _sleep_sim(load_s, speedup)
     loaded = CUDA_CONTEXT_BYTES + plan.weights_bytes + plan.non_torch_bytes
     await asyncio.to_thread(workers.set_bytes, [loaded] * tp)
-    if plan.offloaded_bytes:
-        log.worker(0, pids[0], f"Total CPU offloaded parameters: {gib(plan.offloaded_bytes * tp)}",
+    if config.offload_bytes:
+        log.worker(0, pids[0], f"Total CPU offloaded parameters: {gib(config.offload_bytes * tp)}",
                    where="utils.py:642")
+    if config.prefetch_layers:
+        for rank in range(tp):
+            log.worker(rank, pids[rank], prefetch_init_line(config), where="prefetch.py:381")
     for rank in range(tp):
         log.worker(rank, pids[rank], f"Model loading took {gib(plan.weights_bytes)} GiB memory and "
                    f"{load_s:.6f} seconds", where="gpu_model_runner.py:2370")

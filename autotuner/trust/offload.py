@@ -1,9 +1,11 @@
-"""Did `--cpu-offload-gb` really offload? Some vLLM builds accept the flag and ignore it (vLLM #51396:
-the V2 model runner before 0.29), and such a trial looks like memory saved for free.
+"""Did the offload really offload? Some vLLM builds accept `--cpu-offload-gb` and ignore it (vLLM
+#51396: the V2 model runner before 0.29), and such a trial looks like memory saved for free.
 
-Two pieces of evidence, both required: the engine's load log names the offloaded amount ("Total CPU
-offloaded parameters: X GiB"), and the weights' GPU footprint ("Model loading took X GiB") is lower
-than that of a comparable trial without offload, by at least half the amount asked.
+Two pieces of evidence, both required: the engine's load log names the offloaded amount (UVA: "Total
+CPU offloaded parameters: X GiB"; prefetch: "[PrefetchOffloader] Initialized N modules. Total GPU
+memory saved: X GB, Static buffer pool: Y GB"), and the weights' GPU footprint ("Model loading
+took X GiB") is lower than that of a comparable trial without offload, by at least half the amount
+asked (UVA) or logged (prefetch, whose flags name layers, not GiB).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import psutil
 
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.trial import TrialResult
 
 # Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
 PINNED_HOST_PER_GIB = 1.9
 OFFLOADED = re.compile(r"Total CPU offloaded parameters: ([\d.]+)")
+# Decimal GB, as the prefetch offloader prints them.
+PREFETCHED = re.compile(r"\[PrefetchOffloader\] Initialized (\d+) modules\. Total GPU memory saved: ([\d.]+) GB")
 # A footprint drop below this share of the requested amount does not count as offloaded.
 MIN_DROP_SHARE = 0.5
 
@@ -36,12 +41,14 @@ def logged_offload_gib(result: TrialResult) -> float | None:
     if isinstance(path, str) and Path(path).is_file():
         lines = Path(path).read_text(errors="replace").splitlines()
     found = [float(m.group(1)) for line in lines if (m := OFFLOADED.search(line))]
+    if not found:  # the prefetch backend: one line per worker, per-GPU bytes in decimal GB
+        found = [float(m.group(2)) * 1e9 / (1 << 30) for line in lines if (m := PREFETCHED.search(line))]
     return found[-1] if found else None
 
 
 def comparable(trials: list[TrialRecord], flags: dict[str, Any]) -> TrialRecord | None:
     """A trial without offload that loaded the same weights: its weights footprint is the reference."""
-    refs = [t for t in trials if not float(t.flags.get("cpu-offload-gb") or 0)
+    refs = [t for t in trials if from_flags(t.flags, None)[0] == "none"
             and isinstance(t.engine.get("model_load_gib"), int | float)]
     if not refs:
         return None
@@ -52,10 +59,12 @@ def comparable(trials: list[TrialRecord], flags: dict[str, Any]) -> TrialRecord 
 
 def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | None:
     """None when no offload was asked; else {verified, requested_gib, logged_gib, footprint, reason}."""
-    requested = float(result.flags.get("cpu-offload-gb") or 0)
-    if requested <= 0:
+    mode, requested = from_flags(result.flags, None)
+    if mode == "none":
         return None
     logged = logged_offload_gib(result)
+    if mode == "prefetch":  # the flags name layers; what the engine logged is the amount to find again
+        return _check_prefetch(result, trials, logged)
     loaded = result.engine.get("model_load_gib")
     ref = comparable(trials, dict(result.flags))
     ref_gib = ref.engine.get("model_load_gib") if ref is not None else None
@@ -75,6 +84,32 @@ def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | No
     else:
         out.update(verified=True, reason=f"logged {logged:.2f} GiB offloaded; weights {loaded:.2f} GiB on the "
                    f"GPU against {ref_gib:.2f} GiB without offload")
+    return out
+
+
+def _check_prefetch(result: TrialResult, trials: list[TrialRecord], logged: float | None) -> dict[str, Any]:
+    flags = dict(result.flags)
+    plan = ", ".join(f"--{k} {flags[k]}" for k in ("offload-backend", "offload-group-size", "offload-num-in-group",
+                                                    "offload-prefetch-step") if k in flags)
+    loaded = result.engine.get("model_load_gib")
+    ref = comparable(trials, flags)
+    ref_gib = ref.engine.get("model_load_gib") if ref is not None else None
+    out: dict[str, Any] = {"backend": "prefetch", "requested_gib": None, "logged_gib": logged,
+                           "model_load_gib": loaded, "reference_trial": ref.trial_number if ref is not None else None,
+                           "reference_model_load_gib": ref_gib}
+    if logged is None:
+        out.update(verified=False, reason=f"{plan} was asked, but the engine's load log has no PrefetchOffloader "
+                   "line: no layer left the GPU")
+    elif not isinstance(loaded, int | float) or not isinstance(ref_gib, int | float):
+        out.update(verified=None, reason="no weights footprint to compare with (no trial without offload "
+                   "logged one)")
+    elif ref_gib - loaded < MIN_DROP_SHARE * logged:
+        out.update(verified=False, reason=f"weights take {loaded:.2f} GiB on the GPU, against {ref_gib:.2f} GiB "
+                   f"without offload (trial {out['reference_trial']}): the footprint did not drop by the "
+                   f"{logged:.2f} GiB of layers the engine logged as offloaded")
+    else:
+        out.update(verified=True, reason=f"prefetch logged {logged:.2f} GiB of layers offloaded; weights "
+                   f"{loaded:.2f} GiB on the GPU against {ref_gib:.2f} GiB without offload")
     return out
 
 

@@ -49,7 +49,8 @@ from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, TrialRecord
 from autotuner.trust import TRUST_KINDS
-from autotuner.tuner.space import Space
+from autotuner.tuner import offload_axis
+from autotuner.tuner.space import Space, offload_shape
 
 BUDGET = "max-num-batched-tokens"
 UTIL = "gpu-memory-utilization"
@@ -168,6 +169,7 @@ class MemoryModel:
     ran_out: list[tuple[int, dict[str, FlagValue]]] = field(default_factory=list)
     shape: Shape | None = None
     card_bytes: int | None = None  # one card's total before any measurement (a simulated GPU's)
+    offload_shape: offload_axis.LayerShape | None = None  # turns prefetch flags into GiB freed
     _fit: tuple[np.ndarray, np.ndarray, float] | None = None
 
     # --- building -----------------------------------------------------------------------------------
@@ -178,7 +180,8 @@ class MemoryModel:
         from autotuner.tuner.trial import threshold_of
 
         model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
-                    shape=Shape.of(scenario), card_bytes=_card_bytes(scenario))
+                    shape=Shape.of(scenario), card_bytes=_card_bytes(scenario),
+                    offload_shape=offload_shape(scenario))
         for r in records:
             if r.kind not in TRUST_KINDS:
                 model.observe(r.trial_number, r.flags, r.outcome, r.result.get("memory"), r.reason)
@@ -195,7 +198,8 @@ class MemoryModel:
     def features(self, flags: Mapping[str, FlagValue]) -> tuple[float, ...]:
         budget = float(_num(flags, BUDGET, self.defaults, 8192))
         util = float(_num(flags, UTIL, self.defaults, 0.9))
-        offload = float(_num(flags, OFFLOAD, self.defaults, 0.0))
+        # GiB freed per GPU whatever the backend (UVA's --cpu-offload-gb, or prefetch's layers less buffers).
+        offload = offload_axis.freed_gib({**self.defaults, **flags}, self.offload_shape)
         return (1.0, util, budget / TOKENS, min(budget, self.step_cap) / TOKENS, offload / 100.0)
 
     def observe(self, trial_number: int, flags: Mapping[str, FlagValue], outcome: str,
@@ -281,7 +285,8 @@ class MemoryModel:
             return Prediction(p.peak_fraction, p.low, p.high, 1.0, self.limit_fraction, p.trials,
                               f"cannot start: the model's weights, one budget step and one max-model-len "
                               f"request leave {room:.1%} of a card for the KV cache")
-        if x[4] > 0 and self.starts({**flags, OFFLOAD: 0.0}) and self.screen({**flags, OFFLOAD: 0.0}) is None:
+        bare = _without_offload(flags)
+        if x[4] > 0 and self.starts(bare) and self.screen(bare) is None:
             p = self._predict_or_unknown(flags)
             return Prediction(p.peak_fraction, p.low, p.high, 1.0, self.limit_fraction, p.trials,
                               "offload not needed: the same candidate without offload starts (offloading "
@@ -400,6 +405,15 @@ def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
                                                 or model.predict(candidate).p_over <= max_p_over):
             return candidate
     return None
+
+
+def _without_offload(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """The same candidate with no weights offloaded, whichever backend it used (UVA or prefetch)."""
+    bare = {k: v for k, v in flags.items() if k != offload_axis.BACKEND_FLAG}
+    bare[OFFLOAD] = 0.0
+    if offload_axis.GROUP_FLAG in bare:
+        bare[offload_axis.GROUP_FLAG] = 0
+    return bare
 
 
 def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue]) -> bool:

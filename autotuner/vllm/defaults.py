@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 GPU_MEMORY_UTILIZATION = 0.92
 CPU_OFFLOAD_GB = 0.0
+# vllm/config/offload.py: OffloadConfig / PrefetchOffloadConfig (G = 0: prefetch off).
+OFFLOAD_BACKEND = "auto"
+OFFLOAD_GROUP_SIZE = 0
+OFFLOAD_NUM_IN_GROUP = 1
+OFFLOAD_PREFETCH_STEP = 1
 BLOCK_SIZE = 16
 TENSOR_PARALLEL_SIZE = 1
 ENABLE_CHUNKED_PREFILL = True

@@ -76,6 +76,10 @@ class ServeConfig:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     block_size: int
+    offload_backend: str = "none"  # the backend that runs: none | uva | prefetch (after `auto`)
+    offload_group_size: int = 0
+    offload_num_in_group: int = 1
+    offload_prefetch_step: int = 1
 
 
 def _field(config_class: str, field_name: str, text: str, error_type: str, value: object) -> VllmRuleError:
@@ -127,6 +131,7 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
     if offload < 0:
         raise _field("UVAOffloadConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
                      "greater_than_equal", offload)
+    backend, group, in_group, step = _offload(flags, offload)
     block_size = _int(flags, "block-size")
     block_size = d.BLOCK_SIZE if block_size is None else block_size
     if block_size < 1:  # 0.32: any positive size (older releases allowed only 1, 8, 16, 32, 64, 128)
@@ -181,4 +186,39 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
             "value", f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
             "SchedulerConfig")
     return ServeConfig(tp, max_model_len, budget, seqs, util, offload, chunked,
-                       _bool(flags, "enable-prefix-caching", d.ENABLE_PREFIX_CACHING), block_size)
+                       _bool(flags, "enable-prefix-caching", d.ENABLE_PREFIX_CACHING), block_size,
+                       backend, group, in_group, step)
+
+
+def _offload(flags: Mapping[str, FlagValue], cpu_offload_gb: float) -> tuple[str, int, int, int]:
+    """vllm/config/offload.py (0.32): PrefetchOffloadConfig's field bounds, then OffloadConfig's
+    validator. Setting both backends is legal there (a warning; `auto` then picks prefetch, an explicit
+    backend ignores the other's fields), so it is not a violation here: the backend that runs is
+    returned, and the search space never sets both."""
+    raw_backend = flags.get("offload-backend")
+    requested = d.OFFLOAD_BACKEND if raw_backend is None else str(raw_backend)
+    group = _int(flags, "offload-group-size")
+    group = d.OFFLOAD_GROUP_SIZE if group is None else group
+    in_group = _int(flags, "offload-num-in-group")
+    in_group = d.OFFLOAD_NUM_IN_GROUP if in_group is None else in_group
+    step = _int(flags, "offload-prefetch-step")
+    step = d.OFFLOAD_PREFETCH_STEP if step is None else step
+    for name, value, low in (("offload_group_size", group, 0), ("offload_num_in_group", in_group, 1),
+                             ("offload_prefetch_step", step, 0)):
+        if value < low:
+            raise _field("PrefetchOffloadConfig", name, f"Input should be greater than or equal to {low}",
+                         "greater_than_equal", value)
+    if requested == "prefetch" or group > 0:
+        if in_group > group:
+            raise VllmRuleError("value", f"offload_num_in_group ({in_group}) must be <= offload_group_size "
+                                f"({group})", "OffloadConfig")
+        if step < 1:
+            raise VllmRuleError("value", f"offload_prefetch_step ({step}) must be >= 1 when prefetch offloading "
+                                "is enabled (offload_group_size > 0)", "OffloadConfig")
+    if requested == "prefetch" or (requested == "auto" and group > 0):
+        backend = "prefetch"
+    elif cpu_offload_gb > 0 and requested in ("auto", "uva"):
+        backend = "uva"
+    else:
+        backend = "none"
+    return backend, group, in_group, step
