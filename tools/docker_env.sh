@@ -123,7 +123,7 @@ else
         log "starting dockerd (vfs, no bridge, no iptables) on $SOCK"
         setsid dockerd --storage-driver vfs --iptables=false --bridge=none \
             --data-root "$DDIR/data" --exec-root "$RUNDIR" --pidfile "$PIDFILE" \
-            --host "$DOCKER_HOST" >"$DDIR/engine.log" 2>&1 </dev/null &
+            --host "$DOCKER_HOST" >"$DDIR/engine.log" 2>&1 </dev/null 9>&- &  # not the lock: it outlives us
         dpid=$!
         for ((i = 0; i < 120; i++)); do
             engine_answers && break
