@@ -40,8 +40,10 @@ def sim_scenario(tmp_path: Path, name: str = "sim", **changes: object) -> Path:
     data["workload"]["requests"].update(count=6, output_tokens=32)
     data["workload"]["request_timeout_s"] = 30
     # Safe flags on the quickstart box (the defaults hit the OOM wall): a fault is the only failure.
-    data["engine"]["flags"].update({"max-num-batched-tokens": 1024, "gpu-memory-utilization": 0.8})
-    data["search_space"] = {"cpu-offload-gb": {"type": "float", "low": 0, "high": 2}}
+    # (The search stays in budgets the memory model lets through: an offload-only space would be skipped as
+    # "offload not needed" and end with no engine run to kill.)
+    data["engine"]["flags"].update({"gpu-memory-utilization": 0.8})
+    data["search_space"] = {"max-num-batched-tokens": {"type": "int", "low": 512, "high": 1024}}
     for dotted, value in changes.items():
         set_path(data, dotted, value)
     out = tmp_path / f"{name}.yaml"
