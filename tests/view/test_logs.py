@@ -105,7 +105,10 @@ def test_tune_piped_logs_json_lines_and_the_file_holds_every_event(tmp_path: Pat
     file_events = [json.loads(line) for line in path.read_text().splitlines()]
     assert file_events == console_events
     names = [e["event"] for e in file_events]
-    assert names.count("tune.started") == 1 and names.count("trial.finished") == 4
+    finished = [e for e in file_events if e["event"] == "trial.finished"]
+    # Four engine runs; a candidate the memory model skips (`oom-predicted`) is a finished trial too, with no run.
+    launched = [e for e in finished if not str(e["reason"] or "").startswith("not launched")]
+    assert names.count("tune.started") == 1 and len(launched) == 4, finished
     assert done.stdout.startswith("study s1: done, 4/4 trials")
 
 
