@@ -84,11 +84,12 @@ SEED = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192"]
 
 
 async def test_simulator_metrics_before_after_and_polled_kv_peak(sim_server) -> None:
-    server = sim_server.start([*SEED, "--sim-speedup", "50"])
+    # Speed-up 20: the run lasts long enough for several polls of the (now larger) /metrics page on a busy box.
+    server = sim_server.start([*SEED, "--sim-speedup", "20"])
     words = " ".join(["word"] * 5000)  # 5000 tokens under the simulator's tokenizer (+ none for BOS)
     reqs = [RequestSpec(f"r{i} {words}", None, 32) for i in range(8)]
     spec = WorkloadSpec(SyntheticRequests(8, LengthDist("fixed", value=1), LengthDist("fixed", value=1)),
-                        Arrivals("concurrency", concurrency=8, time_scale=50))
+                        Arrivals("concurrency", concurrency=8, time_scale=20))
     async with http_client() as http:
         before = await scrape(http, server.url)
         stop = asyncio.Event()
