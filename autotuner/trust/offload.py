@@ -65,12 +65,8 @@ def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | No
     logged = logged_offload_gib(result)
     if mode == "prefetch":  # the flags name layers; what the engine logged is the amount to find again
         return _check_prefetch(result, trials, logged)
-    loaded = result.engine.get("model_load_gib")
-    ref = comparable(trials, dict(result.flags))
-    ref_gib = ref.engine.get("model_load_gib") if ref is not None else None
-    out: dict[str, Any] = {"requested_gib": requested, "logged_gib": logged, "model_load_gib": loaded,
-                           "reference_trial": ref.trial_number if ref is not None else None,
-                           "reference_model_load_gib": ref_gib}
+    out: dict[str, Any] = {"requested_gib": requested, "logged_gib": logged, **_footprints(result, trials)}
+    loaded, ref_gib = out["model_load_gib"], out["reference_model_load_gib"]
     if logged is None:
         out.update(verified=False, reason=f"--cpu-offload-gb {requested:g} was asked, but the engine's load log "
                    "names no offloaded parameters: this engine ignores the flag (vLLM #51396)")
@@ -87,16 +83,21 @@ def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | No
     return out
 
 
+def _footprints(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any]:
+    """The candidate's weights on the GPU, and a comparable trial's without offload (either backend)."""
+    ref = comparable(trials, dict(result.flags))
+    return {"model_load_gib": result.engine.get("model_load_gib"),
+            "reference_trial": ref.trial_number if ref is not None else None,
+            "reference_model_load_gib": ref.engine.get("model_load_gib") if ref is not None else None}
+
+
 def _check_prefetch(result: TrialResult, trials: list[TrialRecord], logged: float | None) -> dict[str, Any]:
     flags = dict(result.flags)
     plan = ", ".join(f"--{k} {flags[k]}" for k in ("offload-backend", "offload-group-size", "offload-num-in-group",
                                                     "offload-prefetch-step") if k in flags)
-    loaded = result.engine.get("model_load_gib")
-    ref = comparable(trials, flags)
-    ref_gib = ref.engine.get("model_load_gib") if ref is not None else None
     out: dict[str, Any] = {"backend": "prefetch", "requested_gib": None, "logged_gib": logged,
-                           "model_load_gib": loaded, "reference_trial": ref.trial_number if ref is not None else None,
-                           "reference_model_load_gib": ref_gib}
+                           **_footprints(result, trials)}
+    loaded, ref_gib = out["model_load_gib"], out["reference_model_load_gib"]
     if logged is None:
         out.update(verified=False, reason=f"{plan} was asked, but the engine's load log has no PrefetchOffloader "
                    "line: no layer left the GPU")
