@@ -26,10 +26,12 @@ quickstart: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 
-# Every test, real engines included.
+# Every test, real engines included, on both cores: the real-vLLM tests run one after another on one
+# worker and the Docker tests on one worker (xdist groups, tests/support/groups.py), the rest spread.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Measured, not asserted: each prints medians and ratios of one run (benchmarks/README.md).
 bench: $(VENV)/.installed

@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from autotuner.engine.launch import free_port
+from autotuner.engine.ports import free_port
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry, group_members
 from autotuner.scenario import WorkloadSettings

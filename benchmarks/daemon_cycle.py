@@ -82,7 +82,7 @@ def swap(tmp: Path, trials: int) -> dict[str, Any]:
     from autotuner.store.db import Store
     from autotuner.tuner.runner import VirtualRunner
     from autotuner.tuner.study import Tuner
-    from tests.daemon.conftest import SCENARIO, make_deployment, tear_down
+    from tests.support.daemon import SCENARIO, make_deployment, tear_down
 
     d = make_deployment(tmp / "swap", daemon={"tune": {"trials": trials, "timeout": "30m", "confirm": "2x2",
                                                         "soak": "20s"}})
@@ -127,7 +127,7 @@ def warm_vs_cold(old_db: Path, old_study: str, cold_trials: int) -> tuple[int, i
     from autotuner.store.db import Store
     from autotuner.tuner.runner import VirtualRunner
     from autotuner.tuner.study import Tuner
-    from tests.daemon.conftest import SCENARIO
+    from tests.support.daemon import SCENARIO
 
     db = old_db  # the swap's database: the old study is there (a copy would miss its WAL)
     data = json.loads(json.dumps(SCENARIO))
@@ -148,7 +148,7 @@ def warm_vs_cold(old_db: Path, old_study: str, cold_trials: int) -> tuple[int, i
 
 
 def rollback(tmp: Path, i: int, trials: int) -> bool:
-    from tests.daemon.conftest import INITIAL, make_deployment, tear_down
+    from tests.support.daemon import INITIAL, make_deployment, tear_down
 
     d = make_deployment(tmp / f"rollback{i}", daemon={
         "triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "2s"}},

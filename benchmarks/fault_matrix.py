@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 sys.path.insert(0, str(ROOT))
-from tests.bad_input_corpus import CORPUS, scenario_for  # noqa: E402  (the same cases as the tests)
+from tests.support.bad_inputs import CORPUS, scenario_for  # noqa: E402  (the same cases as the tests)
 
 
 @dataclass

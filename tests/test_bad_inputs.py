@@ -32,7 +32,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.space import build_space
 from autotuner.tuner.trial import threshold_of
 from autotuner.workload.trace import load_trace
-from tests.bad_input_corpus import CORPUS, scenario_for
+from tests.support.bad_inputs import CORPUS, scenario_for
 
 # Each case's budget: together well under a minute on a loaded 2-core machine.
 FAST = dict(deadline=None, database=None, derandomize=True,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.engine.ports import free_port
 from autotuner.workload.proxies import proxy_for, through_proxy
-from tests.conftest import free_port
 
 ROOT = Path(__file__).parent.parent
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from tests.conftest import free_port
+from autotuner.engine.ports import free_port
 
 SIM = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192", "--sim-speedup", "50",
        "--gpu-memory-utilization", "0.8", "--max-num-batched-tokens", "1024"]

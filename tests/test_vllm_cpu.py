@@ -116,9 +116,9 @@ def test_tune_three_trials_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm
     budget = flags["max-num-batched-tokens"]
     assert 256 <= budget <= 4096
     # The exported file is what a deployment runs: vLLM itself must accept it.
+    from autotuner.engine.ports import free_port
     from autotuner.engine.process import EngineProcess
     from autotuner.engine.registry import EngineRegistry
-    from tests.conftest import free_port
 
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",

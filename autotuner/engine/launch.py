@@ -8,10 +8,10 @@ it.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autotuner.engine.ports import free_port
 from autotuner.errors import UserInputError
 from autotuner.scenario import RESERVED_FLAGS, FlagValue, Scenario
 from autotuner.secrets import is_secret_name
@@ -64,12 +64,6 @@ def _parse_value(raw: str) -> FlagValue:
         except ValueError:
             pass
     return raw
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from autotuner.daemon.config import DaemonConfigError, Window, duration_s, load_config
-from tests.daemon.conftest import SCENARIO
+from tests.support.daemon import SCENARIO
 
 GOOD = {
     "scenario": "scenario.yaml",

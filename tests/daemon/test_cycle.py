@@ -23,7 +23,8 @@ from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import Tuner
-from tests.daemon.conftest import INITIAL, SCENARIO, wait_for
+from tests.support.daemon import INITIAL, SCENARIO
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,7 +45,7 @@ def test_model_swap_is_detected_retuned_warm_deployed_and_verified(deployment) -
     old = asyncio.run(Tuner(sc, VirtualRunner(sc), store, n_trials=4).run()).study_name
     store.engine.dispose()
     d.start_daemon()
-    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+    wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
     assert d.status()["state"] == "idle"
 
     d.swap_model("mistral-7b")
@@ -120,7 +121,7 @@ def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -
                            "min_interval_s": 3600})
     (d.root / "start_delay").write_text("3")  # a slow start: the daemon is killed inside it
     daemon = d.start_daemon()
-    wait_for("the cycle to reach deploy", lambda: (d.status().get("cycle") or {}).get("state") == "deploy", 120,
+    wait_for(lambda: (d.status().get("cycle") or {}).get("state") == "deploy", 120, "the cycle to reach deploy",
              interval=0.1)
     time.sleep(1.0)
     os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its children, as systemd's KillMode=control-group
@@ -147,7 +148,7 @@ def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -
 def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> None:
     d = deployment(daemon={"tune": {"trials": 500, "timeout": "1h", "confirm": "2x2", "soak": "20s"}})
     daemon = d.start_daemon()
-    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+    wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
     # SIGHUP: the new config opens a window that closes in 20 s, and a schedule that is due at once.
     start, end = datetime.now() - timedelta(minutes=1), datetime.now() + timedelta(seconds=20)
     if end.date() != start.date():
@@ -156,13 +157,13 @@ def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> No
     # A bad file on SIGHUP is logged and the running config kept.
     (d.root / "daemon.yaml").write_text(yaml.safe_dump({**config, "window": "soon"}))
     daemon.send_signal(signal.SIGHUP)
-    wait_for("the failed reload to be logged", lambda: "daemon.reload_failed" in d.daemon_log(), 20)
+    wait_for(lambda: "daemon.reload_failed" in d.daemon_log(), 20, "the failed reload to be logged")
     assert d._healthy() and d.status()["state"] == "idle"
     config.update(window=f"{start:%H:%M:%S}-{end:%H:%M:%S}", min_interval_s=3600,
                   triggers={"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}})
     (d.root / "daemon.yaml").write_text(yaml.safe_dump(config))
     daemon.send_signal(signal.SIGHUP)
-    wait_for("the tune to start", lambda: (d.status().get("cycle") or {}).get("state") == "tune", 20, interval=0.2)
+    wait_for(lambda: (d.status().get("cycle") or {}).get("state") == "tune", 20, "the tune to start", interval=0.2)
     status = d.wait_cycle_done(timeout=120)
     cycle = _rows(d.root, cycles)[0]
     assert cycle["outcome"] == "restored", cycle
@@ -208,7 +209,7 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     initial = {"max-model-len": 4096, "max-num-batched-tokens": 3072, "gpu-memory-utilization": 0.93}
     d = deployment(scenario=scenario, initial=initial)
     d.start_daemon()
-    wait_for("production adopted as the reference", lambda: d.status()["reference"], 30)
+    wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
 
     assert _long_prompts(d, 4, 1, seed=1) == [200] * 4
     served = time.time()
@@ -216,7 +217,7 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     def polled_since() -> bool:  # a poll that began after those requests saw their lengths in /metrics
         at = d.status().get("last_poll_at")
         return at is not None and datetime.fromisoformat(at).timestamp() >= served + 1
-    wait_for("a poll after the long prompts", polled_since, 30)
+    wait_for(polled_since, 30, "a poll after the long prompts")
     assert set(_long_prompts(d, 4, 4, seed=2)) != {200}, "the burst of long prompts should kill the deployed config"
     status = d.wait_cycle_done()
 
@@ -242,7 +243,7 @@ def test_sigterm_mid_tune_puts_the_previous_config_back_then_exits(deployment) -
                            "min_interval_s": 3600, "tune": {"trials": 500, "timeout": "1h", "confirm": "2x2",
                                                             "soak": "20s"}})
     daemon = d.start_daemon()
-    wait_for("the tune to start", lambda: (d.status().get("cycle") or {}).get("state") == "tune", 60, interval=0.2)
+    wait_for(lambda: (d.status().get("cycle") or {}).get("state") == "tune", 60, "the tune to start", interval=0.2)
     assert not d.production_healthy()  # the scenario's GPUs are production's: it is down while tuning
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(timeout=120) == 0

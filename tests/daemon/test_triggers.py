@@ -24,7 +24,7 @@ from autotuner.daemon.triggers import (
 )
 from autotuner.scenario import Scenario
 from autotuner.watch.snapshot import GpuInfo, LengthHistogram, ProductionSnapshot
-from tests.daemon.conftest import SCENARIO
+from tests.support.daemon import SCENARIO
 
 BOUNDS = (100.0, 500.0, 1000.0, 2000.0, 5000.0, float("inf"))
 GPUS = (GpuInfo(0, "GPU-aaaa", "NVIDIA GeForce RTX 4090", 24564),)

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from autotuner.deploy import CommandTarget, DeployError, make_target, parse_deploy_spec, wait_until_serving
+from autotuner.engine.ports import free_port
 from autotuner.engine.registry import EngineRegistry
-from tests.conftest import free_port
 
 PRODUCTION = {"tensor-parallel-size": 8, "max-model-len": 8192, "gpu-memory-utilization": 0.8,
               "max-num-batched-tokens": 1024, "served-model-name": "prod"}

@@ -12,12 +12,12 @@ from autotuner.export.formats import deployment
 from autotuner.export.select import select
 from autotuner.export.target import check_target
 from autotuner.sim.args import parse_args
-from tests.export.conftest import StudyDb, study_db  # noqa: F401  (the session's tuned study)
+from tests.support.studies import StudyDb
 
 POLICY = "max-throughput"
 
 
-def test_deployed_file_equals_the_export(study_db: StudyDb, tmp_path: Path) -> None:  # noqa: F811
+def test_deployed_file_equals_the_export(study_db: StudyDb, tmp_path: Path) -> None:
     exported = tmp_path / "export.yaml"
     assert run_export(study_db.storage, None, [], POLICY, "yaml", exported, force=False, allow_unverified=True) == 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.deploy import DeployError, make_target, parse_deploy_spec
-from tests.deploy.fakes import REFUSED_KEY, FakeService
+from tests.support.fake_services import REFUSED_KEY, FakeService
 
 GOOD = {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.88}
 BAD = {"max-num-batched-tokens": 8192, REFUSED_KEY: 1}

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from autotuner.deploy import CommandTarget, DeployError, make_target, parse_deploy_spec, wait_until_serving
+from autotuner.engine.ports import free_port
 from autotuner.engine.registry import EngineRegistry, group_members
-from tests.conftest import free_port
 
 # Two vLLM starts: ~40 s each on 2 quiet cores, 3 min each when the machine is shared (load 13 seen).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -8,69 +8,51 @@ skipped with the script's reason.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).parent.parent.parent
+from tests.support.docker import ROOT, Docker
+from tests.support.machine import SharedResource
+
 ENV_SCRIPT = ROOT / "tools" / "docker_env.sh"
 IMAGE = "autotuner:test-sim"
-TUNER_UID = 10001
 
 
-@dataclass(frozen=True)
-class Docker:
-    cli: str
-    env: dict[str, str]
-    base: str
-
-    def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([self.cli, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise AssertionError(f"docker {' '.join(args)} exited {done.returncode}:\n"
-                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        return done
-
-    def compose(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
-                check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(["docker-compose", *args], env={**self.env, **(env or {})}, capture_output=True,
-                              text=True, timeout=timeout, cwd=ROOT)
-        if check and done.returncode != 0:
-            raise AssertionError(f"docker-compose {' '.join(args)} exited {done.returncode}:\n"
-                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        return done
-
-    def inspect(self, what: str, fmt: str) -> str:
-        return self.run("inspect", "-f", fmt, what).stdout.strip()
-
-    def volume_path(self, name: str) -> Path:
-        """The volume's directory on this host (the engine is local; the tests run as root)."""
-        return Path(json.loads(self.run("volume", "inspect", name).stdout)[0]["Mountpoint"])
-
-
-@pytest.fixture(scope="session")
-def docker() -> Iterator[Docker]:
+def _start_engine() -> dict[str, str]:
     out = subprocess.run(["bash", str(ENV_SCRIPT)], capture_output=True, text=True, timeout=3600)
     if out.returncode == 3:
         reason = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "docker_env.sh: no reason given"
         pytest.skip(reason)
     if out.returncode != 0:
         raise AssertionError(f"tools/docker_env.sh failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    env = {**os.environ, "DOCKER_HOST": values["DOCKER_HOST"], "DOCKER_BUILDKIT": "0"}
-    try:
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+
+def _stop_engine(values: dict[str, str]) -> None:
+    if values.get("AUTOTUNER_DOCKERD_STARTED") == "1":
+        subprocess.run(["bash", str(ENV_SCRIPT), "stop"], timeout=120, check=False)
+
+
+def _engine_answers(values: dict[str, str]) -> bool:
+    env = {**os.environ, "DOCKER_HOST": values["DOCKER_HOST"]}
+    done = subprocess.run([values["AUTOTUNER_DOCKER"], "version"], env=env, capture_output=True, timeout=30,
+                          check=False)
+    return done.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def docker() -> Iterator[Docker]:
+    """The private engine, once per machine: the first test process that needs it starts it (when no engine
+    answers yet), the last one to finish stops it, never one worker under another."""
+    with SharedResource("docker-engine").hold(_start_engine, _stop_engine, _engine_answers) as values:
+        env = {**os.environ, "DOCKER_HOST": values["DOCKER_HOST"], "DOCKER_BUILDKIT": "0"}
         yield Docker(values["AUTOTUNER_DOCKER"], env, values["AUTOTUNER_DOCKER_BASE"])
-    finally:
-        if values.get("AUTOTUNER_DOCKERD_STARTED") == "1":
-            subprocess.run(["bash", str(ENV_SCRIPT), "stop"], timeout=120, check=False)
 
 
 @pytest.fixture(scope="session")
@@ -106,12 +88,3 @@ def volume(docker: Docker) -> Iterator[str]:
     docker.run("volume", "create", name)
     yield name
     docker.run("volume", "rm", "-f", name, check=False)
-
-
-def wait_for(predicate: object, timeout: float, what: str, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(interval)
-    raise AssertionError(f"{what} not seen in {timeout:.0f} s")

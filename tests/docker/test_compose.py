@@ -11,8 +11,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
-from tests.docker.conftest import ROOT, Docker, wait_for
+from autotuner.engine.ports import free_port
+from tests.support.docker import ROOT, Docker
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900, func_only=True)]
 

@@ -14,7 +14,8 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.store.db import Store
-from tests.docker.conftest import TUNER_UID, Docker, wait_for
+from tests.support.docker import TUNER_UID, Docker
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800, func_only=True)]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.engine.ports import free_port
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry, group_members
-from tests.conftest import free_port
 
 SIM = [sys.executable, "-m", "autotuner.sim", "serve", "llama-2-7b", "--sim-speedup", "200",
        "--host", "127.0.0.1"]

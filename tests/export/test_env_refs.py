@@ -10,7 +10,7 @@ import pytest
 
 from autotuner.export.exporter import run_export
 from autotuner.store.db import Store
-from tests.export.conftest import MakeStudy
+from tests.support.studies import MakeStudy
 
 
 def test_env_references_are_exported_by_name(make_study: MakeStudy, tmp_path: Path,

@@ -18,11 +18,11 @@ import httpx
 import pytest
 import yaml
 
+from autotuner.engine.ports import free_port
 from autotuner.export.exporter import run_export
 from autotuner.export.formats import FORMATS
 from autotuner.export.report import run_report
-from tests.conftest import free_port
-from tests.export.conftest import KNOWN_FRONT, MakeStudy, trial
+from tests.support.studies import KNOWN_FRONT, MakeStudy, trial
 
 NASTY = ("CUDA out of memory.\nmax-num-seqs: 1\r\n\"quoted\" and 'single' # not a comment\u2028"
          "served-model-name: evil\n[Service]\nExecStartPre=/bin/false\n|a|b|\n# heading")

@@ -12,7 +12,7 @@ from autotuner.export.exporter import run_export
 from autotuner.export.select import select
 from autotuner.sim.args import build_config, parse_args
 from autotuner.store.db import TrialRecord
-from tests.export.conftest import RTX_3090, SECRET, FakeGpus, MakeStudy, StudyDb
+from tests.support.studies import RTX_3090, SECRET, FakeGpus, MakeStudy, StudyDb
 
 POLICY = "max-throughput"
 

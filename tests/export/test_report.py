@@ -11,7 +11,7 @@ from autotuner.export.report import run_report
 from autotuner.export.select import analyse, load_study
 from autotuner.export.slo import scenario_slos
 from autotuner.store.db import Store
-from tests.export.conftest import GIB, TOTAL, MakeStudy, StudyDb, trial
+from tests.support.studies import GIB, TOTAL, MakeStudy, StudyDb, trial
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

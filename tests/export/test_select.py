@@ -7,7 +7,7 @@ import pytest
 from autotuner.errors import UserInputError
 from autotuner.export.select import select
 from autotuner.store.db import Store, StudyRecord
-from tests.export.conftest import MakeStudy, StudyDb, key_for, trial
+from tests.support.studies import MakeStudy, StudyDb, key_for, trial
 
 
 @pytest.mark.parametrize(("policy", "expected"), [("max-throughput", 1), ("min-ttft", 3), ("knee", 2)])

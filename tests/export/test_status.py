@@ -9,7 +9,7 @@ from rich.console import Console
 from autotuner.errors import UserInputError
 from autotuner.export.status import run_status
 from autotuner.store.db import Store
-from tests.export.conftest import MakeStudy, StudyDb
+from tests.support.studies import MakeStudy, StudyDb
 
 
 def status(storage: str, study: str | None = None) -> str:

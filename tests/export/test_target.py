@@ -11,7 +11,7 @@ from autotuner.monitor import factory
 from autotuner.monitor.base import NvmlUnavailableError
 from autotuner.scenario import Scenario
 from autotuner.tuner.runner import model_fingerprint
-from tests.export.conftest import RTX_3090, FakeGpus, MakeStudy, StudyDb, key_for
+from tests.support.studies import RTX_3090, FakeGpus, MakeStudy, StudyDb, key_for
 
 A100 = ("NVIDIA A100-SXM4-80GB", 85899345920)
 

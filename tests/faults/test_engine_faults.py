@@ -23,7 +23,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import Tuner
 from autotuner.tuner.trial import TrialResult, measure
-from tests.faults.conftest import assert_engine_gone, fault_scenario, registry_empty, sim_scenario
+from tests.support.faults import assert_engine_gone, fault_scenario, registry_empty, sim_scenario
 
 
 def run_trial(path: Path, tmp_path: Path, **kwargs: object) -> tuple[TrialResult, float]:

@@ -22,7 +22,7 @@ from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import Tuner
-from tests.faults.conftest import (
+from tests.support.faults import (
     child_env,
     fault_scenario,
     optuna_trials,
@@ -30,8 +30,8 @@ from tests.faults.conftest import (
     registry_empty,
     sim_scenario,
     tune_cmd,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 TRIALS = 2
 
@@ -88,7 +88,7 @@ def test_sigkill_while_starting(home: Path, tmp_path: Path) -> None:
     scenario = sim_scenario(tmp_path)
 
     def starting() -> None:
-        wait_for(lambda: _engines(home), 120, "the first engine to be launched", every_s=0.01)
+        wait_for(lambda: _engines(home), 120, "the first engine to be launched", interval=0.01)
         logs = _engine_logs(home)
         assert not any("Starting vLLM API server" in p.read_text() for p in logs), "already serving"
 

@@ -22,7 +22,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import Tuner
 from autotuner.tuner.trial import Phase, TrialResult
-from tests.faults.conftest import assert_engine_gone, registry_empty, sim_scenario
+from tests.support.faults import assert_engine_gone, registry_empty, sim_scenario
 
 
 class RecordingRunner(MeasureRunner):

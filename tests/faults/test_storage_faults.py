@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.store.db import Store
-from tests.faults.conftest import (
+from tests.support.faults import (
     assert_engine_gone,
     child_env,
     fault_scenario,
@@ -22,8 +22,8 @@ from tests.faults.conftest import (
     our_trials,
     registry_empty,
     tune_cmd,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 
 def _mount(*args: str) -> None:

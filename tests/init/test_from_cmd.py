@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from autotuner.cli import app
 from autotuner.daemon.config import load_config
+from autotuner.engine.ports import free_port
 from autotuner.scenario import load_scenario
-from tests.conftest import free_port
 
 SECRET = "sk-prod-4f9a8b7c6d5e"
 USER_CMD = ("CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve meta-llama/Llama-2-13b-hf "

@@ -11,10 +11,7 @@ from autotuner.monitor import NvmlMonitor
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost, make_gpus
 from autotuner.sim.workers import WorkerPool
-
-GIB = 1 << 30
-GPU_NAME = "NVIDIA GeForce RTX 3090"
-GPU_TOTAL = 24 * GIB
+from tests.support.sim_gpus import GPU_NAME, GPU_TOTAL
 
 
 @pytest.fixture

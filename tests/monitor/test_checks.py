@@ -7,8 +7,7 @@ from collections.abc import Callable
 
 from autotuner.monitor import NvmlMonitor, busy_devices, wait_for_release, wait_until
 from autotuner.sim.workers import WorkerPool
-
-from .conftest import GIB
+from tests.support.sim_gpus import GIB
 
 OpenMonitor = Callable[[list[int] | None], NvmlMonitor]
 StartPool = Callable[[list[int]], WorkerPool]

@@ -16,8 +16,7 @@ from autotuner.monitor import (
 )
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.sim.workers import WorkerPool
-
-from .conftest import GIB
+from tests.support.sim_gpus import GIB
 
 
 def real_nvml_works() -> bool:

@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from autotuner.monitor import HostMonitor
+from tests.support.waiting import wait_for
 
 MB = 1 << 20
 ALLOC_MB = 200
@@ -51,12 +51,6 @@ def tree() -> Iterator[subprocess.Popen[str]]:
         root.wait(10)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        time.sleep(0.02)
 
 
 def test_tree_rss_follows_a_grandchild_that_allocates_then_dies(tree: subprocess.Popen[str]) -> None:

@@ -13,8 +13,7 @@ from autotuner.monitor import MonitorConfigError, MonitorError, NvmlMonitor, Nvm
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.sim.workers import WorkerPool
-
-from .conftest import GIB, GPU_NAME, GPU_TOTAL
+from tests.support.sim_gpus import GIB, GPU_NAME, GPU_TOTAL
 
 OpenMonitor = Callable[[list[int] | None], NvmlMonitor]
 StartPool = Callable[[list[int]], WorkerPool]

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +35,7 @@ from autotuner.sim.gpu_state import (
 )
 from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
 from autotuner.sim.workers import SimWorkerError, WorkerPool
+from tests.support.waiting import wait_for
 
 GIB = 1 << 30
 RTX_3090 = "NVIDIA GeForce RTX 3090"
@@ -83,14 +84,6 @@ def used(index: int) -> int:
     return nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index)).used
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float) -> float:
-    """Seconds until predicate() held; fails the test after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"condition not met within {timeout} s")
-        time.sleep(0.01)
-    return time.monotonic() - start
 
 
 def killpg_quietly(pgid: int) -> None:

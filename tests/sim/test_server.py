@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from autotuner.sim import nvml
+from tests.support.waiting import wait_for
 
 SEED = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192", "--sim-speedup", "100"]
 WORDS = " ".join(f"w{i:03d}" for i in range(1000))  # 1000 tokens under the simulator's scheme
@@ -27,13 +28,6 @@ def used_gib(index: int) -> float:
         nvml.nvmlShutdown()
 
 
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def group_alive(pgid: int) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from autotuner.monitor import NvmlMonitor
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import STATE_DIR_ENV, GpuHost, SimStateDirError, make_gpus, state_dir_from_env
+from tests.support.sim_gpus import hold
 
 MIB = 1 << 20
 
@@ -50,15 +51,6 @@ def test_hold_refuses_a_symlinked_state_dir(tmp_path: Path) -> None:
                           timeout=60)
     assert done.returncode == 2 and "symbolic link" in done.stderr
     assert list(target.iterdir()) == []
-
-
-def hold(state: Path, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner", "sim", "hold", *args],
-                            env={**os.environ, STATE_DIR_ENV: str(state)}, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert f"as pid {proc.pid}" in line, line
-    return proc
 
 
 def test_hold_places_listed_and_unlisted_foreign_memory(state_dir: Path) -> None:

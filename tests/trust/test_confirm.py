@@ -15,7 +15,7 @@ from autotuner.export.report import run_report
 from autotuner.export.select import select
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import launched_trials
-from tests.trust.conftest import Tuned, scenario, tune
+from tests.support.virtual_studies import Tuned, scenario, tune
 
 UTIL = "gpu-memory-utilization"
 # Utilization only, three points: 0.84 → ~124.6, 0.88 → ~126.1, 0.92 → ~134.2 output tok/s without noise.

@@ -17,8 +17,8 @@ from autotuner.trust.offload import check, logged_offload_gib
 from autotuner.trust.summary import confirmations
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.trial import TrialResult
-from tests.conftest import SimServer
-from tests.trust.conftest import scenario, tune
+from tests.support.sim import SimServer
+from tests.support.virtual_studies import scenario, tune
 
 OFFLOAD = "cpu-offload-gb"
 FIXED = {"max-model-len": 4096, "gpu-memory-utilization": 0.84, "max-num-batched-tokens": 1024}

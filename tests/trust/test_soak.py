@@ -13,7 +13,7 @@ from autotuner.export.report import run_report
 from autotuner.export.status import run_status
 from autotuner.scenario import LengthSettings
 from autotuner.trust.soak import longest, soak_scenario
-from tests.trust.conftest import scenario, tune
+from tests.support.virtual_studies import scenario, tune
 
 BUDGET = "max-num-batched-tokens"
 # Prompts with a long tail (median 900, capped at 4000) two at a time: their steps rarely fill a

@@ -22,8 +22,8 @@ from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.space import build_space, fit_utilization_to_free
 from autotuner.tuner.study import Tuner
 from autotuner.tuner.trial import ensure_sim_gpus, measure
-from tests.sim.test_state_dir_and_hold import hold
-from tests.tuner.test_trial import scenario
+from tests.support.quickstart import scenario
+from tests.support.sim_gpus import hold
 
 MIB = 1 << 20
 GOOD = {"max-num-batched-tokens": 1024, "gpu-memory-utilization": 0.8}

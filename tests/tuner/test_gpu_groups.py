@@ -27,7 +27,7 @@ from autotuner.sim.gpu_state import HOLDERS_DIR
 from autotuner.store.db import Store
 from autotuner.tuner.groups import WHOLE_BOX, GroupSlots, gpus_per_trial, parse_setting, plan_groups
 from autotuner.tuner.study import launched_trials
-from tests.tuner.test_study import completed, tune_cmd
+from tests.support.quickstart import completed, tune_cmd
 
 MIB = 1 << 20
 

@@ -16,7 +16,7 @@ from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel, rep
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.space import build_space
 from autotuner.tuner.trial import TrialResult
-from tests.tuner.test_study import quickstart
+from tests.support.quickstart import quickstart
 
 # peak / total = 0.02 + 1.0 util + 0.03 per 10k budget tokens + 0.09 per 10k step tokens − 0.2 per 100 GiB offload
 TRUE = {"const": 0.02, "util": 1.0, "budget": 0.03, "step": 0.09, "offload": -0.2}

@@ -17,7 +17,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.pruning import Done, FrontPoint, Partial, Pruner, certain_lower_bound
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import Tuner, launched_trials
-from tests.tuner.test_trial import scenario
+from tests.support.quickstart import scenario
 
 OBJECTIVES = [("output_tokens_per_s", "maximize"), ("ttft_p95_s", "minimize")]
 

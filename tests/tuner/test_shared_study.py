@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from autotuner.store.db import Store
 from autotuner.tuner.study import launched_trials
-from tests.tuner.test_study import quickstart
+from tests.support.quickstart import quickstart
 
 pgserver = pytest.importorskip("pgserver")
 

@@ -23,28 +23,9 @@ from autotuner.store.db import Store
 from autotuner.tuner.memory_model import PRIOR_MEAN
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner, launched_trials
+from tests.support.quickstart import completed, quickstart, tune_cmd, virtual_tuner
 
 ROOT = Path(__file__).parent.parent.parent
-
-
-def quickstart(tmp_path: Path, kind: str = "sim-virtual", **changes: object) -> Path:
-    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
-    data["engine"]["kind"] = kind
-    for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    out = tmp_path / f"{kind}.yaml"
-    out.write_text(yaml.safe_dump(data))
-    return out
-
-
-def virtual_tuner(tmp_path: Path, trials: int, seed: int = 3, **changes: object) -> tuple[Tuner, Store]:
-    scenario = load_scenario(quickstart(tmp_path, **changes))
-    store = Store(str(tmp_path / "study.db"))
-    return Tuner(scenario, VirtualRunner(scenario), store, n_trials=trials, seed=seed), store
 
 
 def test_virtual_loop_records_every_trial_with_the_same_constraints(tmp_path: Path) -> None:
@@ -95,26 +76,10 @@ def test_flag_rules_are_checked_before_launch(tmp_path: Path) -> None:
         assert r.result["argv"] == []  # never launched
 
 
-def tune_cmd(path: Path, db: Path, *extra: str) -> list[str]:
-    # --confirm 0: these tests are about the search loop; tests/trust covers what follows it.
-    return [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", str(db), "--confirm", "0", *extra]
-
-
 @pytest.fixture
 def sim_env(tmp_path: Path, sim_state: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
     return dict(os.environ)
-
-
-def completed(db: Path) -> list[tuple[int, str]]:
-    """Optuna's own trial table, read directly (its names: trials.number, trials.state)."""
-    if not db.exists():
-        return []
-    with sqlite3.connect(db, timeout=30) as conn:
-        try:
-            return conn.execute("select number, state from trials order by number").fetchall()
-        except sqlite3.OperationalError:  # tables not created yet
-            return []
 
 
 def not_launched(db: Path) -> set[int]:

@@ -12,31 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.sim.workers import WorkerPool
 from autotuner.tuner.trial import GpusBusyError, measure
-
-ROOT = Path(__file__).parent.parent.parent
-
-
-def scenario(tmp_path: Path, **changes: object) -> Path:
-    data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
-    data["engine"]["sim"]["speedup"] = 20
-    data["workload"]["requests"]["count"] = 8
-    data["workload"]["requests"]["output_tokens"] = 32
-    for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
-    out = tmp_path / "scenario.yaml"
-    out.write_text(yaml.safe_dump(data))
-    return out
+from tests.support.quickstart import scenario
 
 
 @pytest.fixture

@@ -14,14 +14,14 @@ import psutil
 import pytest
 
 from autotuner.engine.gpu_locks import GpuLocks
+from autotuner.engine.ports import free_port
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry
 from autotuner.monitor import DeviceInfo, MemoryMonitor, MonitorError
 from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.tuner.trial import measure, monitor_for
-from tests.conftest import free_port
-from tests.tuner.test_trial import scenario
+from tests.support.quickstart import scenario
 
 GOOD = {"max-num-batched-tokens": 1024, "gpu-memory-utilization": 0.8}
 

@@ -14,8 +14,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.memory_model import MemoryModel
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import OOM_PREDICTED, Tuner, launched_trials
-from tests.tuner.test_study import virtual_tuner
-from tests.tuner.test_trial import scenario
+from tests.support.quickstart import scenario, virtual_tuner
 
 
 def test_loop_does_not_launch_what_the_model_rules_out(tmp_path: Path) -> None:

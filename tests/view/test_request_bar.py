@@ -12,7 +12,7 @@ from autotuner.view.requests import RequestBar
 from autotuner.workload.client import StreamingClient
 from autotuner.workload.replay import replay, request_listener
 from autotuner.workload.spec import Arrivals
-from tests.workload.test_replay import paced, reqs, spec
+from tests.support.replay import paced, reqs, spec
 
 
 async def test_the_replayer_tells_a_listener_each_finished_request() -> None:

@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
+from autotuner.engine.ports import free_port
 from autotuner.watch import gpu_inventory, model_fingerprint, probe
-from tests.conftest import free_port
 
 SIM = ["llama-2-13b", "-tp", "2", "--max-model-len", "4096", "--sim-speedup", "50",
        "--gpu-memory-utilization", "0.8", "--max-num-batched-tokens", "1024"]

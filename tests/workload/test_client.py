@@ -8,10 +8,10 @@ import time
 import httpx
 import pytest
 
+from autotuner.engine.ports import free_port
 from autotuner.workload.client import StreamingClient
 from autotuner.workload.request_spec import RequestSpec
-from tests.conftest import free_port
-from tests.workload.fake_server import (
+from tests.support.fake_openai import (
     DONE,
     Recorder,
     Step,

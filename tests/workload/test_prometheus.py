@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from autotuner.engine.ports import free_port
 from autotuner.workload.client import StreamingClient, http_client
 from autotuner.workload.prometheus import (
     KV_CACHE_USAGE,
@@ -21,7 +22,6 @@ from autotuner.workload.prometheus import (
 from autotuner.workload.replay import replay
 from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import Arrivals, LengthDist, SyntheticRequests, WorkloadSpec
-from tests.conftest import free_port
 
 SNIPPET = r"""
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.

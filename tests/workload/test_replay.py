@@ -13,25 +13,9 @@ import pytest
 from autotuner.workload.arrivals import send_offsets
 from autotuner.workload.client import StreamingClient
 from autotuner.workload.replay import Replayer, replay
-from autotuner.workload.request_spec import RequestSpec
-from autotuner.workload.spec import Arrivals, LengthDist, SyntheticRequests, WorkloadError, WorkloadSpec
-from tests.workload.fake_server import Recorder, simple_stream, sse_response
-
-SYN = SyntheticRequests(10, LengthDist("fixed", value=10), LengthDist("fixed", value=4))
-
-
-def reqs(n: int, arrivals: list[float] | None = None) -> list[RequestSpec]:
-    return [RequestSpec(prompt=f"p{i}", messages=None, max_tokens=4,
-                        arrival_s=None if arrivals is None else arrivals[i]) for i in range(n)]
-
-
-def spec(arrivals: Arrivals, **kw: object) -> WorkloadSpec:
-    return WorkloadSpec(requests=SYN, arrivals=arrivals, **kw)  # type: ignore[arg-type]
-
-
-def paced(tokens: int = 4, gap_s: float = 0.005, first_s: float = 0.01) -> Recorder:
-    return Recorder(lambda _: sse_response(simple_stream(tokens, gap_s=gap_s, first_s=first_s)))
-
+from autotuner.workload.spec import Arrivals, WorkloadError
+from tests.support.fake_openai import Recorder, simple_stream, sse_response
+from tests.support.replay import paced, reqs, spec
 
 # --- schedules ---------------------------------------------------------------------------------
 

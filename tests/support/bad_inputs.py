@@ -1,5 +1,6 @@
 """The bad-input corpus (tests/fixtures/bad_inputs/) and the scenario through which each case reaches `tune`:
-shared by tests/test_bad_inputs.py and benchmarks/fault_matrix.py, so both feed the tuner the same way."""
+shared by tests/test_bad_inputs.py and benchmarks/fault_matrix.py, so both feed the tuner the same way (it
+lives with the suite's other shared helpers, in tests/support/)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import yaml
 
-CORPUS = Path(__file__).parent / "fixtures" / "bad_inputs"
+CORPUS = Path(__file__).parent.parent / "fixtures" / "bad_inputs"
 
 
 def scenario_for(case: Path, scratch: Path) -> Path:

@@ -1,5 +1,7 @@
-"""Small studies for the trust tests: the real Tuner over the simulator's engine core in virtual time
-(a run is a fraction of a second), real SQLite, the real confirm/soak/export code."""
+"""Small studies in virtual time for the trust tests: a base scenario (Llama-2-7B on one simulated RTX 4090)
+with dotted-path changes, and `tune`, which runs the real Tuner over the simulator's engine core in virtual
+time (a run is a fraction of a second) on real SQLite and hands back what the real confirm/soak/export code
+needs. Plain helpers, imported by name by the trust test modules (tests/trust/ has no conftest)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A fake OpenAI-compatible server on httpx.MockTransport whose SSE bodies stream chunk by chunk
 with real sleeps between them, so that TTFT and ITL are measurable (the ASGI transport would
-buffer the whole body)."""
+buffer the whole body): the chunk builders, `sse_response`, `simple_stream` and the `Recorder` that
+counts requests in flight. The client, replay and view tests all stream from it."""
 
 from __future__ import annotations
 

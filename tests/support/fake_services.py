@@ -1,5 +1,6 @@
-"""Fake `systemctl` and `docker` executables: real programs that record their argv (one JSON list a line)
-and keep a service's state in a file, so the targets run them exactly as they would run the real ones."""
+"""Fake `systemctl` and `docker` executables for the deploy tests: real programs that record their argv
+(one JSON list a line) and keep a service's state in a file, so the targets run them exactly as they would
+run the real ones; a service refuses a config holding REFUSED_KEY, as vLLM refuses an unknown option."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Contract suites: one suite of behaviour per seam, run over every implementation of that seam."""
