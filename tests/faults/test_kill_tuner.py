@@ -25,12 +25,11 @@ from autotuner.tuner.study import Tuner
 from tests.support.faults import (
     child_env,
     fault_scenario,
-    optuna_trials,
     our_trials,
     registry_empty,
     sim_scenario,
-    tune_cmd,
 )
+from tests.support.quickstart import optuna_trials, tune_cmd
 from tests.support.waiting import wait_for
 
 TRIALS = 2

@@ -18,11 +18,10 @@ from tests.support.faults import (
     assert_engine_gone,
     child_env,
     fault_scenario,
-    optuna_trials,
     our_trials,
     registry_empty,
-    tune_cmd,
 )
+from tests.support.quickstart import optuna_trials, tune_cmd
 from tests.support.waiting import wait_for
 
 

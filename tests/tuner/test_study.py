@@ -23,7 +23,7 @@ from autotuner.store.db import Store
 from autotuner.tuner.memory_model import PRIOR_MEAN
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner, launched_trials
-from tests.support.quickstart import completed, quickstart, tune_cmd, virtual_tuner
+from tests.support.quickstart import optuna_trials, quickstart, tune_cmd, virtual_tuner
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -100,24 +100,24 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path: Path, sim_en
     # Kill the tuner while an engine of its third trial is up.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        states = completed(db)
+        states = optuna_trials(db)
         if len([s for _, s in states if s == "COMPLETE"]) >= 2 and engines.is_dir() and list(engines.glob("*.json")):
             break
         time.sleep(0.1)
     else:
         proc.kill()
-        pytest.fail(f"no engine of a third trial within 120 s; trials so far: {completed(db)}")
+        pytest.fail(f"no engine of a third trial within 120 s; trials so far: {optuna_trials(db)}")
     pgids = [int(p.stem) for p in engines.glob("*.json")]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = completed(db)
+    before = optuna_trials(db)
     assert pgids and group_members(pgids[0]), "the killed tuner left its engine running (to be reaped)"
     done = subprocess.run(tune_cmd(path, db, "--trials", "5"), env=sim_env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
     for pgid in pgids:
         assert not group_members(pgid), "the orphaned engine was stopped"
-    after = completed(db)
+    after = optuna_trials(db)
     # The budget counts engine runs: candidates the memory model ruled out (never launched) come on top.
     assert [s for n, s in after if n not in not_launched(db)].count("COMPLETE") == 5
     assert "RUNNING" not in [s for _, s in after]
