@@ -23,9 +23,8 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture
-def cpu_scenario(vllm_cpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def cpu_scenario(vllm_cpu, vllm_tmpdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("AUTOTUNER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # vLLM leaves socket files in TMPDIR
 
     def make(**engine_changes: object) -> Path:
         data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())

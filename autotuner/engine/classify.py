@@ -72,6 +72,11 @@ _VERSION = re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server vers
 _PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (?:[\d-]+ [\d:]+ \[[^\]]+\] )?")
 
 
+def clean_reason(line: str) -> str:
+    """vLLM's validation message without pydantic's decoration ("Value error, ", " [type=...]")."""
+    return _CLEAN.sub("", line.strip()).strip()
+
+
 @dataclass
 class LogFacts:
     """What the log says. Feed lines as they arrive; read at any time."""
@@ -118,7 +123,7 @@ class LogFacts:
             if m is None:
                 continue
             outcome = after if ready else before
-            reason = _CLEAN.sub("", m.group(0)).strip()
+            reason = clean_reason(m.group(0))
             if reason.startswith("Input should be"):  # pydantic prints the field on the line before
                 reason = f"{previous}: {reason}"
             rank = _RANK[outcome] * 2 + (0 if reason.startswith(_GENERIC) else 1)

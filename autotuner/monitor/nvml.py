@@ -90,6 +90,8 @@ class NvmlMonitor(MemoryMonitor):
             raise MonitorError(f"NVML memory query failed: {exc}") from exc
 
     def processes(self, position: int) -> list[tuple[int, int]]:
+        if not 0 <= position < len(self._handles):  # a negative position is no device, not the last one
+            raise IndexError(f"no monitored device at position {position} (0..{len(self._handles) - 1})")
         handle = self._handles[position]
         found: dict[int, int] = {}
         try:

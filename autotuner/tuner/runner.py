@@ -180,7 +180,7 @@ class VirtualRunner(TrialRunner):
             config = build_config(parse_args(argv), self.scenario.engine.resolved_env())
         except VllmArgError as exc:
             result.outcome = oc.INVALID_FLAGS
-            result.reason = exc.message.splitlines()[-1].strip().removeprefix("Value error, ")
+            result.reason = oc.clean_reason(exc.message.splitlines()[-1])
             return result
         reqs, concurrency = self.requests(config.model.vocab_size)
         pruner = pruning.judge.get()

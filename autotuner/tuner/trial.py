@@ -59,7 +59,8 @@ log = structlog.get_logger(__name__)
 # Memory within this much of the pre-launch level counts as released.
 RELEASE_TOLERANCE_BYTES = 256 << 20
 # /metrics polling during the replay, for the KV-cache usage peak (wall seconds).
-METRICS_POLL_S = 0.5
+METRICS_POLL_S = 0.5  # of engine time: a simulator at speed-up N is polled N times as often (down to the floor)
+METRICS_POLL_FLOOR_S = 0.1
 TIMELINE_POINTS = 300
 # How often the trial looks for other processes' memory growing on its GPUs, and records the engine's
 # processes (so a later run can stop exactly those if this tuner dies).
@@ -498,7 +499,10 @@ async def _serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: Engine
         replayer = Replayer(spec, request_set.requests, client)
         stop_poll = asyncio.Event()
         snapshots: list[prometheus.Snapshot] = []
-        poller = asyncio.ensure_future(prometheus.poll(http, plan.base_url, METRICS_POLL_S, stop_poll, snapshots))
+        # KV usage is a gauge: its peak is seen only if a scrape lands while the run is busy, and a sped-up
+        # simulator's whole replay can be shorter than one engine-time interval.
+        poll_s = max(METRICS_POLL_S / time_scale, METRICS_POLL_FLOOR_S)
+        poller = asyncio.ensure_future(prometheus.poll(http, plan.base_url, poll_s, stop_poll, snapshots))
         run = died = trip = stop = prune = None
         pruned: str | None = None
         try:

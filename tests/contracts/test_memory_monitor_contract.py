@@ -48,9 +48,6 @@ KINDS = ["sim", "host", "nvml"]
 SAMPLER_PERIOD_S = 0.01  # the sampler's 100 Hz (monitor/sampler.py)
 
 # Known bugs (each a clause one implementation breaks; see the report of this suite).
-NEGATIVE_POSITION = ("NvmlMonitor.processes(-1) answers for the last GPU (a Python negative index into its "
-                     "handles) where HostMonitor raises IndexError for a position outside 0..n-1")
-
 # A process that allocates on request (one line: the byte count) and holds it until killed.
 HOLDER = """
 import sys
@@ -266,10 +263,8 @@ def test_a_position_past_the_last_device_is_an_index_error(watched: Watched) -> 
         watched.monitor.processes(len(watched.monitor.devices()))
 
 
-def test_a_negative_position_is_an_index_error(request: pytest.FixtureRequest, watched: Watched) -> None:
+def test_a_negative_position_is_an_index_error(watched: Watched) -> None:
     """Positions are 0..n-1 (monitor/base.py); -1 is a caller's bug, not "the last GPU"."""
-    if watched.kind in ("sim", "nvml"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=NEGATIVE_POSITION))
     with pytest.raises(IndexError):
         watched.monitor.processes(-1)
 

@@ -59,8 +59,6 @@ NO_KV_ROOM = {"gpu-memory-utilization": 0.5}  # the weights fit, no KV cache blo
 # Known bugs (each a clause one implementation breaks; see the report of this suite).
 VIRTUAL_METRICS = ("VirtualRunner reports a subset of the metric summary: no queue_p95_s, prompt_tokens or "
                    "output_tokens, so an SLO on queue_p95 never passes on a sim-virtual study")
-VIRTUAL_REASON = ("VirtualRunner keeps pydantic's ' [type=value_error]' suffix on an invalid-flags reason, which "
-                  "the log classifier strips for MeasureRunner (engine/classify.py _CLEAN)")
 VIRTUAL_DEVICES = ("VirtualRunner reports memory for the engine's TP GPUs only; MeasureRunner for every GPU of the "
                    "scenario (engine.gpus, else the whole box), as TrialRunner.run documents for gpus=None")
 VIRTUAL_GPUS = "VirtualRunner.run ignores `gpus`: the trial is evaluated (and reported) on GPUs 0..TP-1"
@@ -301,8 +299,6 @@ def test_invalid_flags_are_an_outcome_with_vllms_message(request: pytest.Fixture
                                                          words: str, trials: Trials, tmp_path: Path) -> None:
     """Recorded, not raised: the sampler learns the rule; the reason is vLLM's line, without the pydantic
     decoration ("Value error, " and " [type=...]") that the log classifier strips."""
-    if case == "budget-below-max-num-seqs":
-        known_bug(request, kind, "sim-virtual", VIRTUAL_REASON)
     r = trials.get(kind, case, tmp_path).result
     assert r.outcome == oc.INVALID_FLAGS and not r.feasible
     reason = r.reason or ""

@@ -27,8 +27,8 @@ def verify(url: str, scenario: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240)
 
 
-def test_deploy_verify_refused_rollback_on_real_vllm(vllm_cpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # vLLM leaves socket files in TMPDIR
+def test_deploy_verify_refused_rollback_on_real_vllm(vllm_cpu, vllm_tmpdir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())
     data["engine"]["env"].update({"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
                                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})

