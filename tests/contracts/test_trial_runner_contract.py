@@ -42,6 +42,7 @@ from autotuner.sim.gpu_state import GpuHost, state_dir_from_env
 from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
 from autotuner.tuner.trial import TrialResult
 from autotuner.workload.summary import summarize
+from tests.support.quickstart import set_path
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).parent.parent.parent
@@ -75,11 +76,7 @@ def tiny_scenario(tmp_path: Path, kind: str, name: str = "tiny", **changes: obje
     data["workload"]["request_timeout_s"] = 30
     data["storage"] = f"sqlite:///{tmp_path / 'study.db'}"
     for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_path(data, dotted, value)
     out = tmp_path / f"{name}-{kind}.yaml"
     out.write_text(yaml.safe_dump(data))
     return load_scenario(out)

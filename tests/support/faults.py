@@ -16,18 +16,11 @@ import psutil
 import yaml
 
 from autotuner.engine.registry import group_members
+from tests.support.quickstart import set_path
 
 ROOT = Path(__file__).parent.parent.parent
 FAULT_ENGINE = ROOT / "tests" / "faults" / "fault_engine.py"
 _PID = re.compile(r"\((?:APIServer|EngineCore[\w-]*|Worker[\w-]*) pid=(\d+)\)")
-
-
-def set_path(data: dict, dotted: str, value: object) -> None:
-    node = data
-    *path, last = dotted.split("__")
-    for part in path:
-        node = node.setdefault(part, {})
-    node[last] = value
 
 
 def sim_scenario(tmp_path: Path, name: str = "sim", **changes: object) -> Path:

@@ -21,15 +21,20 @@ from autotuner.tuner.study import Tuner
 ROOT = Path(__file__).parent.parent.parent
 
 
+def set_path(data: dict, dotted: str, value: object) -> None:
+    """Set `a__b__c` in nested scenario data (keyword arguments cannot hold dots)."""
+    node = data
+    *path, last = dotted.split("__")
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
 def quickstart(tmp_path: Path, kind: str = "sim-virtual", **changes: object) -> Path:
     data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())
     data["engine"]["kind"] = kind
     for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_path(data, dotted, value)
     out = tmp_path / f"{kind}.yaml"
     out.write_text(yaml.safe_dump(data))
     return out
@@ -47,11 +52,7 @@ def scenario(tmp_path: Path, **changes: object) -> Path:
     data["workload"]["requests"]["count"] = 8
     data["workload"]["requests"]["output_tokens"] = 32
     for dotted, value in changes.items():
-        node = data
-        *path, last = dotted.split("__")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_path(data, dotted, value)
     out = tmp_path / "scenario.yaml"
     out.write_text(yaml.safe_dump(data))
     return out
