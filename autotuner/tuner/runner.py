@@ -3,6 +3,7 @@
 `MeasureRunner` runs one real engine lifetime (vLLM or the simulator as a process). `VirtualRunner`
 evaluates the simulator's engine core in virtual time: the same study, storage, export and report,
 in seconds — "tune this model for a GPU box I do not own yet", and the loop's own benchmark.
+Which one a scenario gets, and what its study key says, is its backend's answer (autotuner.backends).
 """
 
 from __future__ import annotations
