@@ -107,15 +107,19 @@ def measure(
     except UserInputError as exc:
         raise _fail(exc) from None
     log_to_file(sc.name, False)
+    from autotuner.backends import backend_for
     from autotuner.trial_view import print_trial
     from autotuner.tuner.trial import GpusBusyError
     from autotuner.tuner.trial import measure as measure_trial
 
     async def main() -> object:
-        if sc.engine.kind == "sim-virtual":
+        backend = backend_for(sc)
+        if not backend.runs_process:  # evaluated here, in virtual time
             from autotuner.tuner.runner import VirtualRunner
 
-            return VirtualRunner(sc).evaluate(overrides)
+            runner = backend.trial_runner(sc, logs)
+            assert isinstance(runner, VirtualRunner)
+            return runner.evaluate(overrides)
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -271,10 +275,10 @@ def tune(
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
+        from autotuner.backends import backend_for
         from autotuner.store.db import Store, storage_error
         from autotuner.trust.commands import parse_confirm, run_after_tune
         from autotuner.tuner.groups import parse_setting, plan_groups
-        from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
         from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner, parse_duration
         from autotuner.tuner.trial import GpusBusyError
@@ -286,7 +290,7 @@ def tune(
         trust_plan, soak_s = parse_confirm(confirm_plan), parse_duration(soak_for) or 0.0
         build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
-        runner: TrialRunner = VirtualRunner(sc) if sc.engine.kind == "sim-virtual" else MeasureRunner(sc, logs)
+        runner = backend_for(sc).trial_runner(sc, logs)
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
                       warm_start=warm_start, gpu_groups=groups)
     except UserInputError as exc:

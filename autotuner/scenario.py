@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from autotuner.backends import EngineKind, backend_for
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
@@ -85,7 +85,7 @@ class SimSettings(_Model):
 
 
 class EngineSettings(_Model):
-    kind: Literal["vllm", "sim", "sim-virtual"] = "vllm"
+    kind: EngineKind = "vllm"
     command: list[str] | None = Field(
         default=None,
         description="argv prefix before the model: default `vllm serve` (vllm) or the simulator (sim); "
@@ -167,9 +167,7 @@ class EngineSettings(_Model):
     def command_prefix(self) -> list[str]:
         if self.command:
             return list(self.command)
-        if self.kind == "vllm":
-            return ["vllm", "serve"]
-        return [sys.executable, "-m", "autotuner.sim", "serve"]
+        return backend_for(self.kind).default_command()
 
 
 class LengthSettings(_Model):
@@ -402,7 +400,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
         raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
     scenario = _model_from_scenario_folder(scenario)
-    if scenario.engine.kind in ("sim", "sim-virtual"):
+    if backend_for(scenario).simulated:
         # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
         # before anything is started or written (each error names its own file and line).
         load_gpu(scenario.sim_gpu())

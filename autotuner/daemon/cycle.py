@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.daemon.config import LoadedConfig
 from autotuner.daemon.state import (
     CONFIRM,
@@ -191,12 +192,10 @@ class CycleDriver:
         return self.states.transition(cycle, TUNE)
 
     async def _tune(self, cycle: Cycle) -> Cycle:
-        from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
         from autotuner.tuner.study import Tuner, study_name_for
 
         scenario = self.scenario_of(cycle)
-        runner: TrialRunner = VirtualRunner(scenario) if scenario.engine.kind == "sim-virtual" \
-            else MeasureRunner(scenario, self.log_dir)
+        runner = backend_for(scenario).trial_runner(scenario, self.log_dir)
         name = cycle.study_name or f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
         if cycle.study_name is None:
             self.states.update(cycle, study_name=name)
@@ -254,13 +253,11 @@ class CycleDriver:
         from autotuner.export.certificate import build_certificate
         from autotuner.export.select import select
         from autotuner.trust.commands import FRESH_RUNS, after_tune, parse_confirm, runner_factory
-        from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
 
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
         top, repeats = parse_confirm(self.config.tune.confirm)
-        runner: TrialRunner = VirtualRunner(scenario, first_run=FRESH_RUNS) \
-            if scenario.engine.kind == "sim-virtual" else MeasureRunner(scenario, self.log_dir)
+        runner = backend_for(scenario).trial_runner(scenario, self.log_dir, first_run=FRESH_RUNS)
         try:
             await after_tune(scenario, self.store, cycle.study_name, runner, runner_factory(self.log_dir, FRESH_RUNS),
                              top, repeats, self.config.tune.soak_s)

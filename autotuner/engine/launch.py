@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autotuner.backends import backend_for
 from autotuner.engine.ports import free_port
 from autotuner.errors import UserInputError
 from autotuner.scenario import RESERVED_FLAGS, FlagValue, Scenario
@@ -100,12 +101,9 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
     port = port or free_port()
     argv = [*engine.command_prefix(), engine.model, "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", engine.name, *flag_argv(flags)]
-    if engine.kind == "sim":
-        sim = engine.sim
-        argv += ["--sim-gpu", scenario.sim_gpu(), "--sim-speedup", str(sim.speedup), "--sim-seed", str(sim.seed),
-                 "--sim-noise", str(sim.noise)]
-        if sim.gpus is not None:
-            argv += ["--sim-gpus", str(sim.gpus)]
+    backend = backend_for(engine)
+    if backend.runs_process:
+        argv += backend.argv_extras(scenario)
     env = {**environ, **engine.resolved_env(environ)}
     env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
     if engine.gpus is not None:

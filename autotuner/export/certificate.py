@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotuner import __version__
+from autotuner.backends import backend_for
 from autotuner.export.select import Selection, StudyData
 from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
@@ -272,17 +273,17 @@ def inventory_summary(inventory: list[str]) -> str:
 
 
 def simulator_note(study: StudyData, trial: TrialRecord) -> str | None:
-    kind = study.scenario.engine.kind
-    if kind == "sim-virtual":
+    backend = backend_for(study.scenario)
+    if not backend.simulated:
+        return None
+    if not backend.runs_process:
         return ("evaluated by the simulator's engine core in virtual time (no engine process ran, no GPU was "
                 "used): the figures are a model of the GPUs above; check the real box with `autotuner verify` "
                 f"before relying on them; {SIM_ACCURACY.quote()}")
-    if kind == "sim":
-        scale = float(trial.result.get("time_scale") or 1.0)
-        return (f"measured against the simulated vLLM, which ran {scale:g}x faster than the simulated hardware; "
-                "latencies and throughput are in simulated-hardware time: check the real box with "
-                f"`autotuner verify` before relying on them; {SIM_ACCURACY.quote()}")
-    return None
+    scale = float(trial.result.get("time_scale") or 1.0)
+    return (f"measured against the simulated vLLM, which ran {scale:g}x faster than the simulated hardware; "
+            "latencies and throughput are in simulated-hardware time: check the real box with "
+            f"`autotuner verify` before relying on them; {SIM_ACCURACY.quote()}")
 
 
 def _baseline(trial: TrialRecord | None) -> BaselineComparison | None:

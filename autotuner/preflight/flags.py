@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.preflight.report import Check
 from autotuner.scenario import FlagValue, Scenario
@@ -50,7 +51,7 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
     axis = (MODE, FREED)  # the offload axis: ours, turned into vLLM's flags per candidate
     names = [*fixed, *given, *(n for n in scenario.search_space or {} if n.removeprefix("--") not in axis)]
     unknown = vllm.unknown(dict.fromkeys(n.removeprefix("--").replace("_", "-") for n in names))
-    if unknown and engine.kind != "vllm":
+    if unknown and not backend_for(engine).accepts_unknown_flags:
         return [Check("flags", "failed", f"the simulator does not know --{', --'.join(unknown)}",
                       "leave them out, or use engine.kind: vllm with a real vLLM")]
     if unknown:

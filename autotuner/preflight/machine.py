@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 
+from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.preflight.report import Check
 from autotuner.scenario import Scenario
@@ -24,7 +25,7 @@ def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
     from autotuner.monitor import busy_devices
     from autotuner.tuner.trial import monitor_for
 
-    if scenario.engine.kind == "sim-virtual":
+    if not backend_for(scenario).uses_box_gpus:  # virtual time: the GPUs are a model
         from autotuner.sim.hardware import load_gpu
 
         try:
@@ -125,7 +126,7 @@ def check_log_dir(log_dir: Path) -> Check:
 
 def check_host_ram(scenario: Scenario) -> Check:
     """vLLM pins TP × cpu-offload-gb GiB of host RAM; the range searched must fit the host."""
-    if scenario.engine.kind in ("sim", "sim-virtual"):
+    if not backend_for(scenario).checks_host_ram:
         return Check("host RAM", "ok", "simulated host")
     tp = scenario.tensor_parallel_size()
     total = psutil.virtual_memory().total

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotuner.backends import backend_for
 from autotuner.errors import ModelSpecError
 from autotuner.preflight.report import Check
 from autotuner.scenario import Scenario
@@ -30,7 +31,7 @@ def _looks_like_path(model: str) -> bool:
 def check_model(scenario: Scenario) -> Check:
     engine = scenario.engine
     model = engine.model
-    if engine.kind in ("sim", "sim-virtual"):
+    if backend_for(engine).simulated:
         from autotuner.sim.models import load_model
 
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.preflight.engine import check_engine
 from autotuner.preflight.flags import check_flags
@@ -45,7 +46,7 @@ def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
     report.add(check_workload(scenario, typed))
     if storage is not None:
         report.add(check_storage(storage))
-    if log_dir is not None and scenario.engine.kind != "sim-virtual":
+    if log_dir is not None and backend_for(scenario).runs_process:
         report.add(check_log_dir(log_dir))
     report.add(check_host_ram(scenario))
     report.add(check_proxies())

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import typer
 
+from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.export.select import load_study, open_store
 from autotuner.scenario import FlagValue, Scenario
@@ -19,7 +20,7 @@ from autotuner.store.db import Store
 from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
-from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+from autotuner.tuner.runner import TrialRunner
 
 T = TypeVar("T")
 # Virtual-time runs of a later command start on fresh noise draws, past any the search used.
@@ -39,9 +40,7 @@ def parse_confirm(text: str) -> tuple[int, int]:
 
 def runner_factory(log_dir: Path, first_run: int = 0) -> Callable[[Scenario], TrialRunner]:
     def make(scenario: Scenario) -> TrialRunner:
-        if scenario.engine.kind == "sim-virtual":
-            return VirtualRunner(scenario, first_run=first_run)
-        return MeasureRunner(scenario, log_dir)
+        return backend_for(scenario).trial_runner(scenario, log_dir, first_run)
     return make
 
 

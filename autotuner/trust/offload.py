@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from autotuner.backends import backend_for
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.tuner.offload_axis import from_flags
@@ -117,7 +118,7 @@ def _check_prefetch(result: TrialResult, trials: list[TrialRecord], logged: floa
 def host_ram_problem(scenario: Scenario, flags: Mapping[str, FlagValue], available: int | None = None) -> str | None:
     """Before a launch: would this offload pin more host RAM than is available now? (None: it fits.)"""
     gb = float(flags.get("cpu-offload-gb") or 0)  # type: ignore[arg-type]
-    if gb <= 0 or scenario.engine.kind in ("sim", "sim-virtual"):
+    if gb <= 0 or not backend_for(scenario).checks_host_ram:
         return None
     tp = scenario.tensor_parallel_size()
     need = gb * PINNED_HOST_PER_GIB * tp * (1 << 30)

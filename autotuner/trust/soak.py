@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.export.select import analyse, confirmed_ranking
@@ -65,18 +66,10 @@ def _engine_limits(scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[
     merged = {**scenario.engine.flags, **flags}
     mml = merged.get("max-model-len")
     seqs = merged.get("max-num-seqs")
-    if scenario.engine.kind in ("sim", "sim-virtual") and (mml is None or seqs is None):
-        from autotuner.engine.launch import flag_argv
-        from autotuner.sim.args import VllmArgError, build_config, parse_args
-
-        try:
-            config = build_config(parse_args([scenario.engine.model, *flag_argv(merged), "--sim-gpu",
-                                              scenario.sim_gpu(), "--sim-gpus", str(scenario.sim_gpu_count())]),
-                                  scenario.engine.env)
-            mml = mml if mml is not None else config.max_model_len
-            seqs = seqs if seqs is not None else config.max_num_seqs
-        except VllmArgError:
-            pass
+    if mml is None or seqs is None:
+        default_mml, default_seqs = backend_for(scenario).default_limits(scenario, merged)
+        mml = mml if mml is not None else default_mml
+        seqs = seqs if seqs is not None else default_seqs
     return (int(mml) if isinstance(mml, int | float) else None, int(seqs) if isinstance(seqs, int | float) else None)
 
 
@@ -99,7 +92,7 @@ def soak_scenario(scenario: Scenario, flags: Mapping[str, FlagValue], duration_s
         raise UserInputError(f"soak: max-model-len {mml} leaves no room for a prompt before {out_len} output tokens")
     peak = peak_concurrency(scenario)
     concurrency = min(peak, seqs) if seqs else peak
-    if scenario.engine.kind == "sim-virtual":
+    if not backend_for(scenario).runs_process:
         # Virtual time has no deadline to stop at: size the run in rounds of the peak concurrency.
         rounds = MAX_ROUNDS if not round_s else max(MIN_ROUNDS, min(MAX_ROUNDS, math.ceil(duration_s / round_s)))
         count, max_duration = concurrency * rounds, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 
@@ -62,12 +63,14 @@ def gpus_per_trial(scenario: Scenario) -> int:
 def box_gpus(scenario: Scenario) -> list[int] | None:
     """The GPUs a study may use: engine.gpus, else every GPU of the (simulated) box; None where trials
     use no GPU of ours (virtual time, the host monitor)."""
-    if scenario.engine.kind == "sim-virtual" or scenario.monitor.kind == "host":
+    backend = backend_for(scenario)
+    if not backend.uses_box_gpus or scenario.monitor.kind == "host":
         return None
     if scenario.engine.gpus is not None:
         return list(scenario.engine.gpus)
-    if scenario.engine.kind == "sim":
-        return list(range(scenario.sim_gpu_count()))
+    known = backend.box_gpu_indices(scenario)
+    if known is not None:
+        return known
     from autotuner.monitor import HostMonitor
     from autotuner.tuner.trial import monitor_for
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
@@ -490,7 +491,7 @@ def step_cap(scenario: Scenario) -> float:
 
 def _card_bytes(scenario: Scenario) -> int | None:
     """A simulated GPU's total; a real card's is known once a trial measured it."""
-    if scenario.engine.kind not in ("sim", "sim-virtual"):
+    if not backend_for(scenario).simulated:
         return None
     from autotuner.sim.hardware import load_gpu
 

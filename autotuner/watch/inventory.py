@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Literal
 
 from autotuner.monitor.base import MonitorError, NvmlUnavailableError
-from autotuner.monitor.factory import _real_pynvml
+from autotuner.monitor.factory import _real_pynvml, _sim_pynvml, nvml_loader
 from autotuner.monitor.nvml import NvmlMonitor
 from autotuner.sim.gpu_state import STATE_DIR_ENV
 from autotuner.watch.snapshot import GpuInfo
@@ -18,20 +19,14 @@ MIB = 1 << 20
 def gpu_inventory(kind: InventoryKind = "auto") -> tuple[GpuInfo, ...]:
     """Every GPU NVML sees, by NVML index. `auto`: real NVML when it sees any GPU, else the simulator's
     when `$AUTOTUNER_SIM_STATE_DIR` names a simulated host, else none (an empty tuple)."""
-    if kind in ("auto", "nvml"):
-        try:
-            return _read(_real_pynvml())
-        except NvmlUnavailableError:
-            if kind == "nvml":
-                raise
-    if kind == "sim" or os.environ.get(STATE_DIR_ENV):
-        from autotuner.sim import nvml as sim_nvml
-
-        try:
-            return _read(sim_nvml)
-        except NvmlUnavailableError:
-            if kind == "sim":
-                raise
+    loader = nvml_loader(kind)
+    if loader is not None:  # asked for by name: its failure is the caller's to see
+        return _read(loader())
+    with contextlib.suppress(NvmlUnavailableError):
+        return _read(_real_pynvml())
+    if os.environ.get(STATE_DIR_ENV):
+        with contextlib.suppress(NvmlUnavailableError):
+            return _read(_sim_pynvml())
     return ()
 
 

