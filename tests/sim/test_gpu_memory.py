@@ -35,7 +35,7 @@ from autotuner.sim.gpu_state import (
 )
 from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
 from autotuner.sim.workers import SimWorkerError, WorkerPool
-from tests.support.waiting import wait_for
+from tests.support.waiting import seconds_until, wait_for
 
 GIB = 1 << 30
 RTX_3090 = "NVIDIA GeForce RTX 3090"
@@ -303,7 +303,7 @@ def test_orphaned_workers_give_up_after_the_orphan_timeout(
         time.sleep(0.6)
         assert used(1) == 5 * GIB  # still an orphan holding memory
 
-        released_after = wait_for(lambda: used(0) == 0 and used(1) == 0, timeout=5.0)
+        released_after = seconds_until(lambda: used(0) == 0 and used(1) == 0, timeout=5.0)
         assert released_after > 0.2  # 1 s timeout + 0.5 s delay, counted from about 0.6 s after the kill
     finally:
         killpg_quietly(server.pid)
