@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,20 +22,37 @@ def check_output_file(path: Path) -> None:
         raise UserInputError(f"-o {path}: directory {path.parent} does not exist")
 
 
+# SIGTERM and SIGHUP kill a process that has no handler for them without running `finally`; a signal
+# between creating the temp file and renaming it would leave the temp file behind.
+_TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Holds SIGINT, SIGTERM and SIGHUP back for the block; one that arrived meanwhile is delivered when it
+    ends, after the temp file is renamed or removed."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Temp file in the same directory (same filesystem, so the rename is atomic), fsync, rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with deferred_signals():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def check_output_dir(path: Path) -> None:
@@ -47,16 +65,18 @@ def check_output_dir(path: Path) -> None:
 @contextlib.contextmanager
 def staged_dir(target: Path) -> Iterator[Path]:
     """A temp directory beside `target` to write into; on success its files move into `target` (the
-    whole directory is renamed when `target` does not exist yet), on failure it is removed."""
-    stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        yield stage
-        if not target.exists():
-            stage.chmod(0o755)  # mkdtemp's 0700 is for the staging only
-            os.replace(stage, target)
-            return
-        # An existing directory keeps its other files; each of ours replaces its namesake atomically.
-        for item in stage.iterdir():
-            os.replace(item, target / item.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    whole directory is renamed when `target` does not exist yet), on failure it is removed. A termination
+    signal while the files are written waits until the stage is moved or removed."""
+    with deferred_signals():
+        stage = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        try:
+            yield stage
+            if not target.exists():
+                stage.chmod(0o755)  # mkdtemp's 0700 is for the staging only
+                os.replace(stage, target)
+                return
+            # An existing directory keeps its other files; each of ours replaces its namesake atomically.
+            for item in stage.iterdir():
+                os.replace(item, target / item.name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
