@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from sample_efficiency import CASES  # noqa: E402
 
-from autotuner.export.select import select  # noqa: E402
+from autotuner.analysis.selection import select  # noqa: E402
 from autotuner.scenario import Scenario  # noqa: E402
 from autotuner.store.db import Store  # noqa: E402
 from autotuner.trust.commands import after_tune, runner_factory  # noqa: E402

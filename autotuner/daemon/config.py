@@ -159,7 +159,7 @@ class TuneSettings(_Model):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        from autotuner.export.select import POLICIES
+        from autotuner.analysis.candidates import POLICIES
 
         if v not in POLICIES:
             raise ValueError(f"policy {v!r}: use one of {', '.join(POLICIES)}")

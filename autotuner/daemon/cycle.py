@@ -250,8 +250,8 @@ class CycleDriver:
                 await asyncio.wait_for(self.stopping.wait(), timeout=0.5)
 
     async def _confirm(self, cycle: Cycle) -> Cycle:
+        from autotuner.analysis.selection import select
         from autotuner.export.certificate import build_certificate
-        from autotuner.export.select import select
         from autotuner.trust.commands import FRESH_RUNS, after_tune, parse_confirm, runner_factory
 
         assert cycle.study_name is not None

@@ -10,15 +10,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotuner import __version__
+from autotuner.analysis.selection import Selection
+from autotuner.analysis.study_data import StudyData
 from autotuner.backends import backend_for
-from autotuner.export.select import Selection, StudyData
-from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
 from autotuner.tuner import memory_margin
 from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.trial import threshold_of
+from autotuner.units import GIB, change, percent, rate, seconds
 
 # The figures a deployer asks about first, in the order they are shown.
 CERTIFIED_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",

@@ -6,12 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from autotuner.analysis.candidates import check_policy
+from autotuner.analysis.selection import select
+from autotuner.analysis.slo import parse_slo
 from autotuner.errors import UserInputError
 from autotuner.export.atomic import check_output_file, write_text_atomic
 from autotuner.export.certificate import build_certificate
 from autotuner.export.formats import FORMATS, RENDERERS, deployment
-from autotuner.export.select import check_policy, select
-from autotuner.export.slo import parse_slo
 from autotuner.export.target import check_target
 
 STDOUT = "-"

@@ -18,9 +18,9 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from autotuner.analysis.selection import Selection
 from autotuner.engine.launch import API_KEY_VAR, flag_argv
 from autotuner.export.certificate import Certificate
-from autotuner.export.select import Selection
 from autotuner.scenario import RESERVED_FLAGS, FlagValue, variables
 from autotuner.secrets import is_secret_name
 

@@ -17,12 +17,12 @@ matplotlib.use("Agg")  # no display, no GUI toolkit: files only
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from autotuner.export.select import THROUGHPUT, TTFT, Analysis
-from autotuner.export.units import GIB
+from autotuner.analysis.candidates import THROUGHPUT, TTFT, Analysis
+from autotuner.analysis.evidence import confirmations
 from autotuner.store.db import TrialRecord
 from autotuner.trust import TRUST_KINDS
-from autotuner.trust.summary import confirmations
 from autotuner.tuner.trial import threshold_of
+from autotuner.units import GIB
 
 DPI = 110
 

@@ -11,6 +11,12 @@ import datetime as dt
 import sys
 from pathlib import Path
 
+from autotuner.analysis.candidates import Analysis, analyse, choose, verdict
+from autotuner.analysis.confirmed import confirmed_ranking
+from autotuner.analysis.evidence import confirmations, last_soak, soaks
+from autotuner.analysis.selection import outcome_counts
+from autotuner.analysis.slo import scenario_slos
+from autotuner.analysis.study_data import load_study
 from autotuner.export.atomic import check_output_dir, staged_dir
 from autotuner.export.certificate import (
     BASELINE_LABEL,
@@ -21,19 +27,8 @@ from autotuner.export.certificate import (
     workload_text,
 )
 from autotuner.export.document import Document, Image, Section, Table, to_html, to_markdown
-from autotuner.export.select import (
-    Analysis,
-    analyse,
-    choose,
-    confirmed_ranking,
-    load_study,
-    outcome_counts,
-    verdict,
-)
-from autotuner.export.slo import scenario_slos
-from autotuner.export.units import change, flag_value, gib, percent, rate, seconds
 from autotuner.store.db import TrialRecord
-from autotuner.trust.summary import confirmations, last_soak, soaks
+from autotuner.units import change, flag_value, gib, percent, rate, seconds
 
 POLICY = "knee"
 # Winner-against-baseline rows: (label, metric, how to show it).

@@ -10,13 +10,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from autotuner.analysis.candidates import OOM_OUTCOMES, analyse, verdict
+from autotuner.analysis.slo import scenario_slos
+from autotuner.analysis.study_data import load_study, open_store, read_study
 from autotuner.errors import UserInputError
-from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_store, read_study, verdict
-from autotuner.export.slo import scenario_slos
-from autotuner.export.units import flag_value, percent, seconds
 from autotuner.secrets import display_url
 from autotuner.trust import TRUST_KINDS
 from autotuner.tuner.progress import LiveView
+from autotuner.units import flag_value, percent, seconds
 
 
 def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:

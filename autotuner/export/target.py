@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotuner.analysis.study_data import StudyData
 from autotuner.errors import AutotunerError, UserInputError
 from autotuner.export.certificate import inventory_summary
-from autotuner.export.select import StudyData
 from autotuner.monitor import factory
 from autotuner.tuner.runner import model_fingerprint
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import typer
 
+from autotuner.analysis.study_data import load_study, open_store
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
-from autotuner.export.select import load_study, open_store
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store
 from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm

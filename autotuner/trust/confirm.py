@@ -3,7 +3,7 @@
 The top K (the SLO-feasible Pareto front, then the feasible trials nearest to it) are measured R more
 times each, interleaved A B C A B C … so that drift of the box hits all alike. Each run is a trial of
 kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
-`export.select` ranks by their bounds.
+`analysis.confirmed` ranks by their bounds.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from autotuner.export.select import Analysis, analyse, choose, confirmed_ranking
-from autotuner.export.slo import combine
+from autotuner.analysis.candidates import Analysis, analyse, choose
+from autotuner.analysis.confirmed import confirmed_ranking
+from autotuner.analysis.evidence import Confirmation, confirmations, soaks
+from autotuner.analysis.slo import combine
 from autotuner.store.db import TrialRecord
 from autotuner.trust import DEFAULT_REPEATS, DEFAULT_TOP, offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
-from autotuner.trust.summary import Confirmation, confirmations, soaks
 
 log = structlog.get_logger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import optuna
 import structlog
 
+from autotuner.analysis.study_data import StudyData, read_study
 from autotuner.errors import UserInputError
-from autotuner.export.select import StudyData, read_study
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.tuner.runner import TrialRunner

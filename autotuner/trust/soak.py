@@ -19,16 +19,17 @@ from typing import Any
 
 import structlog
 
+from autotuner.analysis.candidates import analyse
+from autotuner.analysis.confirmed import confirmed_ranking
+from autotuner.analysis.evidence import SoakVerdict, confirmations, soaks
+from autotuner.analysis.slo import combine
 from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
-from autotuner.export.select import analyse, confirmed_ranking
-from autotuner.export.slo import combine
 from autotuner.scenario import FlagValue, LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
-from autotuner.trust.summary import SoakVerdict, confirmations, soaks
 from autotuner.tuner.trial import TrialResult, peak_concurrency, threshold_of
 
 log = structlog.get_logger(__name__)

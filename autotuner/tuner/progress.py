@@ -21,7 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from autotuner.export.units import flag_value
+from autotuner.units import flag_value
 
 GIB = float(1 << 30)
 OOM = ("oom-threshold", "oom-crash")

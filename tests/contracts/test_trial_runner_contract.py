@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.analysis.slo import METRICS as SLO_METRICS
 from autotuner.engine import classify as oc
 from autotuner.engine.registry import EngineEntry, EngineRegistry
-from autotuner.export.slo import METRICS as SLO_METRICS
 from autotuner.scenario import FlagValue, Scenario, load_scenario
 from autotuner.sim.args import VLLM_VERSION
 from autotuner.sim.gpu_state import GpuHost, state_dir_from_env

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotuner.analysis.selection import select
 from autotuner.deploy import make_target, parse_deploy_spec
 from autotuner.export.certificate import build_certificate
 from autotuner.export.exporter import run_export
 from autotuner.export.formats import deployment
-from autotuner.export.select import select
 from autotuner.export.target import check_target
 from autotuner.sim.args import parse_args
 from tests.support.studies import StudyDb

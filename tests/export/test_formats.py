@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
-from autotuner.export.select import select
 from autotuner.sim.args import build_config, parse_args
 from autotuner.store.db import TrialRecord
 from tests.support.studies import RTX_3090, SECRET, FakeGpus, MakeStudy, StudyDb

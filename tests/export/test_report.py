@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.analysis.candidates import analyse
+from autotuner.analysis.slo import scenario_slos
+from autotuner.analysis.study_data import load_study
 from autotuner.errors import UserInputError
 from autotuner.export.plots import memory_png
 from autotuner.export.report import run_report
-from autotuner.export.select import analyse, load_study
-from autotuner.export.slo import scenario_slos
 from autotuner.store.db import Store
 from tests.support.studies import GIB, TOTAL, MakeStudy, StudyDb, trial
 

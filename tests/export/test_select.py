@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
-from autotuner.export.select import select
 from autotuner.store.db import Store, StudyRecord
 from tests.support.studies import MakeStudy, StudyDb, key_for, trial
 

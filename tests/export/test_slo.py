@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from autotuner.analysis.slo import combine, parse_slo
 from autotuner.errors import UserInputError
-from autotuner.export.slo import combine, parse_slo
 
 
 @pytest.mark.parametrize(("text", "metric", "op", "limit"), [

@@ -9,10 +9,10 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
 from autotuner.export.report import run_report
-from autotuner.export.select import select
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.study import launched_trials
 from tests.support.virtual_studies import Tuned, scenario, tune

@@ -8,13 +8,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autotuner.analysis.evidence import confirmations
+from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
-from autotuner.export.select import select
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.store.db import TrialRecord
 from autotuner.trust.offload import check, logged_offload_gib
-from autotuner.trust.summary import confirmations
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.trial import TrialResult
 from tests.support.sim import SimServer

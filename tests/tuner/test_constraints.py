@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from autotuner.analysis.candidates import infeasible_reason
 from autotuner.engine import classify as oc
-from autotuner.export.select import infeasible_reason
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.tuner.study import constraints_of, feasible

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import get_args
 
 from autotuner.errors import UserInputError
-from autotuner.export.units import seconds
 from autotuner.scenario import Metric
+from autotuner.units import seconds
 
 # Every figure a finished trial holds that an SLO can name (the scenario's metrics and a few more).
 METRICS: tuple[str, ...] = (*get_args(Metric), "completed", "failed", "queue_p95_s")
