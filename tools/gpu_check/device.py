@@ -17,7 +17,6 @@ class DeviceOutOfMemoryError(Exception):
         self.message = message
 
 
-
 class Device(Protocol):
     """What the steps ask of the GPU; TorchCuda does it for real, CpuStandIn by formula."""
 

@@ -16,6 +16,7 @@ from tools.gpu_check.torch_cuda import TorchCuda
 
 
 def open_device(config: CheckConfig) -> Device:
+    """The GPU itself (torch on CUDA), or CpuStandIn in a dry run."""
     return CpuStandIn(config.gpu_index) if config.dry_run else TorchCuda(config.gpu_index)
 
 
@@ -27,6 +28,7 @@ def open_nvml(config: CheckConfig) -> Any:
 
 
 def nvml_module(config: CheckConfig) -> Any:
+    """The NVML bindings themselves (pynvml), or the simulator's in a dry run, for what the monitor does not ask."""
     if config.dry_run:
         from autotuner.sim import nvml as module
     else:

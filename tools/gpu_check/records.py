@@ -11,6 +11,8 @@ from typing import Any
 
 
 class Recorder:
+    """One step's JSON-lines file: `set` a fact, `add` a row to a table; each line flushed as written."""
+
     def __init__(self, path: Path) -> None:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the step's life
 
@@ -47,6 +49,8 @@ def read_records(path: Path) -> dict[str, Any]:
 
 @dataclass
 class StepResult:
+    """One step as the parent saw it: its status, time and box, and the figures its file held."""
+
     name: str
     status: str  # ok | error | timeout | skipped
     seconds: float
