@@ -1,9 +1,14 @@
-"""Small statistics shared by every report: one percentile definition for the whole tool."""
+"""Small statistics shared by every report: one percentile definition for the whole tool, and the
+mean with its 95 % confidence interval of a few repeated measurements (Student's t). The base layer:
+it imports nothing of ours, so every layer above may use it.
+"""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -21,3 +26,40 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def median(values: Sequence[float]) -> float | None:
     return percentile(values, 50)
+
+
+# Two-sided 95 % quantiles of Student's t by degrees of freedom; beyond 30 the normal's 1.96 is close.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def describe(self, fmt: str = "{:.4g}") -> str:
+        return f"{fmt.format(self.mean)} ± {fmt.format(self.half_width)} (95 % CI, n={self.n})"
+
+
+def interval(values: list[float]) -> Interval | None:
+    """None without a value; one value gives a zero-width interval (nothing to say about spread)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    mean = statistics.fmean(finite)
+    if len(finite) == 1:
+        return Interval(mean, mean, mean, 1)
+    half = t975(len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite))
+    return Interval(mean, mean - half, mean + half, len(finite))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check on the lent device machine: install the carried wheels (.whl/, see `make gpu-wheels`)
-# into /tmp/site, put them and this repository on PYTHONPATH, run tools/gpu_check.py. Arguments go to
+# into /tmp/site, put them and this repository on PYTHONPATH, run `python3 -m tools.gpu_check`. Arguments go to
 # the check; results land in $OUT (the device tool's folder that comes back), else out/gpu-check.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -11,4 +11,4 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec python3 tools/gpu_check.py "$@"
+exec python3 -m tools.gpu_check "$@"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.engine import classify as oc
+from autotuner.stats import Interval, interval
 from autotuner.store.db import TrialRecord
-from autotuner.trust.stats import Interval, interval
 
 SUMMARISED = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
               "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from autotuner.scenario import LengthSettings
 from autotuner.watch.snapshot import LengthHistogram
@@ -25,12 +26,13 @@ class LengthFit:
     note: str  # how it was derived, for the user
 
 
-def _cdf(x: float, mu: float, sigma: float) -> float:
+def _cdf(x: float, log_length: NormalDist) -> float:
+    """P(length <= x) for a lognormal length whose log is distributed as `log_length`."""
     if x <= 0:
         return 0.0
     if math.isinf(x):
         return 1.0
-    return 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
+    return log_length.cdf(math.log(x))
 
 
 def _bins(hist: LengthHistogram) -> list[tuple[float, float, float]]:
@@ -49,8 +51,9 @@ def _bins(hist: LengthHistogram) -> list[tuple[float, float, float]]:
 
 def _nll(bins: list[tuple[float, float, float]], mu: float, sigma: float) -> float:
     total = 0.0
+    log_length = NormalDist(mu, sigma)
     for lo, hi, n in bins:
-        p = _cdf(hi, mu, sigma) - _cdf(lo, mu, sigma)
+        p = _cdf(hi, log_length) - _cdf(lo, log_length)
         total -= n * math.log(max(p, 1e-300))
     return total
 

@@ -23,16 +23,16 @@ simulator. Evidence:
   does not fit, weights do not fit): every candidate with no more utilization, no more offload and no
   smaller budget fails too (monotone in each flag, no fit needed).
 
-Before any failure, the model's shape says which candidates cannot start (`Shape`, vLLM's startup
-accounting: weights per card, the profiled activation of one budget step and the KV cache of one
-max-model-len request must fit in utilization × total), and which offloads are not needed (the same
-candidate without offload starts: offloading then only slows every step).
+Before any failure, the model's shape says which candidates cannot start (`Shape`, in
+tuner/scenario_memory.py with the rest of what the scenario says before any trial), and which
+offloads are not needed (the same candidate without offload starts: offloading then only slows
+every step).
 
 `screen(flags)` returns a `Prediction` when a candidate is over the OOM threshold with the stated
 confidence, cannot start, or offloads with no need (the study records it as `oom-predicted`, never
 launched), else None. `probe(...)` picks the first trials after the baseline so that they pin the
-wall. `rescale(model_from, model_to)` carries a
-study's model over to another model (warm start, model swap).
+wall. Moving a ruled-out candidate to the nearest likely one is tuner/memory_repair.py; carrying a
+study's model over to another model (warm start, model swap) is tuner/memory_warm_start.py.
 """
 
 from __future__ import annotations
@@ -40,23 +40,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
-from autotuner.store.db import Store, TrialRecord
+from autotuner.store.db import TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.tuner import offload_axis
+from autotuner.tuner.scenario_memory import DEFAULT_MAX_NUM_SEQS, MAX_MODEL_LEN, Shape, simulated_card_bytes, step_cap
 from autotuner.tuner.space import Space, offload_shape
 
 BUDGET = "max-num-batched-tokens"
 UTIL = "gpu-memory-utilization"
 OFFLOAD = "cpu-offload-gb"
-GIB = 1 << 30
 TOKENS = 10_000.0  # budget features in units of 10k tokens: coefficients of order 0.01–0.1
 FEATURES = ("const", "util", "budget", "step", "offload")
 # Prior: the accounting's shape, loose enough that the first measurements move it.
@@ -73,19 +73,9 @@ PROBE_MAX_P_OVER = 0.2
 # The interval stored with a prediction (two-sided).
 INTERVAL = 0.9
 OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
-MAX_MODEL_LEN = "max-model-len"
-# Startup needs besides weights, activation and KV: non-torch buffers and the CUDA-graph estimate
-# (vLLM charges both to the budget; 0.3-0.6 GiB seen on 24 GB cards).
-STARTUP_OVERHEAD_BYTES = int(0.5 * GIB)
 # The shape's accounting is judged with this slack (a fraction of the card) either way: a candidate
 # cannot start when its KV room is below -slack, surely starts when above +slack.
 STARTUP_SLACK = 0.01
-SAMPLER_BYTES_PER_LOGIT = 16
-# Repair: a share of the utilization range given up costs this many shares of the budget's (log) range.
-# Utilization is the KV cache of every request in flight; a smaller budget only splits long prefills
-# into more chunks, and a budget beyond what one step holds buys nothing.
-UTIL_WEIGHT = 3.0
-DEFAULT_MAX_NUM_SEQS = 256
 # Startup failures that mean "no room left for the KV cache or the weights" (monotone in the flags).
 _NO_ROOM = ("No available memory for the cache blocks", "To serve at least one request",
             "Failed to load model - not enough GPU memory", "CUDA out of memory occurred when warming up")
@@ -106,45 +96,6 @@ class Prediction:
 
     def to_attrs(self) -> dict[str, Any]:
         return {f"predicted:{k}": v for k, v in asdict(self).items() if v is not None and k != "reason"}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What vLLM's startup needs on one card, from the model's shape (bytes)."""
-
-    weights: int  # weights per card before offload
-    kv_per_token: int
-    activation_per_token: int  # the profiled forward pass, per budget token
-    max_model_len: int
-    vocab_size: int = 0
-
-    @classmethod
-    def of(cls, scenario: Scenario) -> Shape | None:
-        """From a preset or a local config.json; None for a hub name we cannot read offline."""
-        from autotuner.errors import ModelSpecError
-        from autotuner.sim.models import load_model
-
-        try:
-            spec = load_model(scenario.engine.model)
-        except ModelSpecError:
-            return None
-        tp = scenario.tensor_parallel_size()
-        length = scenario.engine.flags.get(MAX_MODEL_LEN, spec.derived_max_model_len)
-        try:
-            length = int(length)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            length = spec.derived_max_model_len
-        return cls(spec.weight_bytes // tp, spec.kv_bytes_per_token(tp), int(_activation_per_token(spec, tp)), length,
-                   spec.vocab_size)
-
-    def kv_room(self, util: float, budget: float, offload_gib: float, total: int, max_model_len: int,
-                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> float:
-        """What the KV cache gets beyond one max-model-len request, as a fraction of the card."""
-        weights = max(0.0, self.weights - offload_gib * GIB)
-        # The profile run samples min(budget, max-num-seqs) rows: float32 logits plus softmax/sort copies.
-        sampler = min(budget, max_num_seqs) * self.vocab_size * SAMPLER_BYTES_PER_LOGIT
-        left = util * total - weights - STARTUP_OVERHEAD_BYTES - budget * self.activation_per_token - sampler
-        return (left - self.kv_per_token * max_model_len) / total
 
 
 @dataclass(frozen=True)
@@ -181,7 +132,7 @@ class MemoryModel:
         from autotuner.tuner.trial import threshold_of
 
         model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
-                    shape=Shape.of(scenario), card_bytes=_card_bytes(scenario),
+                    shape=Shape.of(scenario), card_bytes=simulated_card_bytes(scenario),
                     offload_shape=offload_shape(scenario))
         for r in records:
             if r.kind not in TRUST_KINDS:
@@ -197,8 +148,8 @@ class MemoryModel:
         return self.threshold.limit_bytes(self.total_bytes) / self.total_bytes
 
     def features(self, flags: Mapping[str, FlagValue]) -> tuple[float, ...]:
-        budget = float(_num(flags, BUDGET, self.defaults, 8192))
-        util = float(_num(flags, UTIL, self.defaults, 0.9))
+        budget = float(flag_number(flags, BUDGET, self.defaults, 8192))
+        util = float(flag_number(flags, UTIL, self.defaults, 0.9))
         # GiB freed per GPU whatever the backend (UVA's --cpu-offload-gb, or prefetch's layers less buffers).
         offload = offload_axis.freed_gib({**self.defaults, **flags}, self.offload_shape)
         return (1.0, util, budget / TOKENS, min(budget, self.step_cap) / TOKENS, offload / 100.0)
@@ -255,8 +206,9 @@ class MemoryModel:
         x = np.array(self.features(flags))
         mu = float(x @ mean)
         sd = math.sqrt(noise + float(x @ cov @ x))
-        z = _z((1 + INTERVAL) / 2)
-        p_over = 1.0 - _phi((self.limit_fraction - mu) / sd)
+        normal = NormalDist()
+        z = normal.inv_cdf((1 + INTERVAL) / 2)
+        p_over = 1.0 - normal.cdf((self.limit_fraction - mu) / sd)
         return Prediction(round(mu, 4), round(mu - z * sd, 4), round(mu + z * sd, 4), round(p_over, 4),
                           self.limit_fraction, len(self.observations))
 
@@ -308,8 +260,8 @@ class MemoryModel:
         if self.shape is None or not total:
             return None
         x = self.features(flags)
-        length = _num(flags, MAX_MODEL_LEN, self.defaults, self.shape.max_model_len)
-        seqs = _num(flags, "max-num-seqs", self.defaults, DEFAULT_MAX_NUM_SEQS)
+        length = flag_number(flags, MAX_MODEL_LEN, self.defaults, self.shape.max_model_len)
+        seqs = flag_number(flags, "max-num-seqs", self.defaults, DEFAULT_MAX_NUM_SEQS)
         return self.shape.kv_room(x[1], x[2] * TOKENS, x[4] * 100.0, total, int(length), int(seqs))
 
     def starts(self, flags: Mapping[str, FlagValue]) -> bool:
@@ -361,53 +313,6 @@ class MemoryModel:
         return None
 
 
-def repair(model: MemoryModel, space: Space, flags: Mapping[str, FlagValue],
-           max_p_over: float = PROBE_MAX_P_OVER) -> dict[str, FlagValue] | None:
-    """The nearest candidate that is likely to serve to one the model ruled out: utilization (up or
-    down), the token budget (log scale) and offload each measured as a share of its range, utilization
-    counting UTIL_WEIGHT times, so the cheapest axis moves first — a budget shrunk before a KV cache
-    given up, more utilization for a candidate that cannot start, no offload where none is needed.
-    The sampler asks where the optimum is, and the optimum of a memory-bound study sits just under the wall."""
-    util = space.distributions.get(UTIL)
-    budget = space.distributions.get(BUDGET)
-    offload = space.distributions.get(OFFLOAD)
-    if util is None or not (model.observations or model.no_room or model.kv_room(flags) is not None):
-        return None
-    u_lo, u_hi = float(getattr(util, "low", 0.0)), float(getattr(util, "high", 1.0))
-    step = getattr(util, "step", None) or 0.01
-    u0 = float(_num(flags, UTIL, model.defaults, 0.9))
-    b0 = float(_num(flags, BUDGET, model.defaults, 8192))
-    o0 = float(_num(flags, OFFLOAD, model.defaults, 0.0))
-    utils = [u_lo + k * step for k in range(round((u_hi - u_lo) / step) + 1)] if u_hi > u_lo else [u0]
-    if budget is not None:
-        b_lo, b_hi = float(getattr(budget, "low", 1)), float(getattr(budget, "high", b0))
-        budgets = [b for b in (b0 * 0.8 ** j for j in range(-3, 13)) if b_lo - 1e-9 <= b <= b_hi + 1e-9]
-        b_span = max(math.log(b_hi / b_lo), 1e-9)
-    else:
-        budgets, b_span = [b0], 1.0
-    offloads = sorted({0.0, o0}) if offload is not None else [o0]
-    o_span = max(float(getattr(offload, "high", 1.0)) - float(getattr(offload, "low", 0.0)), 1e-9) if offload else 1.0
-    u_span = max(u_hi - u_lo, 1e-9)
-
-    def distance(c: tuple[float, float, float]) -> tuple[float, float]:
-        u, b, o = c
-        # Dropping offload costs nothing (it only slows every step); any other offload change does.
-        moved = 0.0 if o == 0.0 else abs(o - o0) / o_span
-        return (UTIL_WEIGHT * abs(u - u0) / u_span + abs(math.log(b / b0)) / b_span + moved, -u)
-
-    for u, b, o in sorted(((u, b, o) for u in utils for b in budgets for o in offloads), key=distance):
-        candidate = {**flags, UTIL: round(u, 6), BUDGET: int(b)}
-        if offload is not None:
-            candidate[OFFLOAD] = o
-        candidate = {**flags, **space.to_flags(space.clamp(candidate))}
-        if _same(candidate, flags):
-            continue
-        if model.screen(candidate) is None and (not model.observations
-                                                or model.predict(candidate).p_over <= max_p_over):
-            return candidate
-    return None
-
-
 def _without_offload(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
     """The same candidate with no weights offloaded, whichever backend it used (UVA or prefetch)."""
     bare = {k: v for k, v in flags.items() if k != offload_axis.BACKEND_FLAG}
@@ -417,116 +322,15 @@ def _without_offload(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
     return bare
 
 
-def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue]) -> bool:
-    return all(a.get(k) == b.get(k) for k in (UTIL, BUDGET, OFFLOAD))
 
-
-def rescale(model: MemoryModel, model_from: Any, model_to: Any, tensor_parallel: int = 1,
-            total_bytes: int | None = None) -> MemoryModel:
-    """The fitted model of one served model carried to another (warm start, model swap), as a prior:
-    the per-token terms scale with the activation per token (hidden and MLP widths), the constant with
-    the non-KV weights' share when the card's size is known; the spread widens so that the new
-    model's first trials dominate. `model_from`/`model_to` are `autotuner.sim.models.ModelSpec`s (a
-    preset name or a config.json directory gives one through `load_model`)."""
-    mean, cov, _ = model.fit()
-    act_from = _activation_per_token(model_from, tensor_parallel)
-    act_to = _activation_per_token(model_to, tensor_parallel)
-    ratio = act_to / act_from if act_from else 1.0
-    new_mean = mean.copy()
-    new_mean[2] *= ratio
-    new_mean[3] *= ratio
-    if total_bytes:
-        # Offload moves weights off the card; its effect per GiB scales with how much of the card the
-        # weights take against the KV cache: by the weight ratio, a first-order guess.
-        w_from, w_to = model_from.weight_bytes, model_to.weight_bytes
-        new_mean[4] *= w_to / w_from if w_from else 1.0
-    spread = np.sqrt(np.diag(cov)) * max(ratio, 1 / ratio if ratio else 1.0) * 2 + PRIOR_SD * 0.5
-    return MemoryModel(threshold=model.threshold, total_bytes=model.total_bytes, step_cap=model.step_cap,
-                       defaults=dict(model.defaults),
-                       prior_mean=new_mean, prior_sd=np.minimum(spread, PRIOR_SD))
-
-
-def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Scenario) -> MemoryModel:
-    """`model` (a new study's, still without measurements) with the prior of an older study's fitted
-    model rescaled to this scenario's model (a model swap or a warm start). Unchanged when the old
-    study or either model's shape is unknown (a hub name that is not a local config.json)."""
-    from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
-
-    record = store.study(old_study)
-    if record is None or model.observations:
-        return model
-    try:
-        old_scenario = Scenario.model_validate(record.scenario)
-        shape_from, shape_to = load_model(old_scenario.engine.model), load_model(scenario.engine.model)
-    except (ModelSpecError, ValueError):
-        return model
-    old = MemoryModel.for_scenario(old_scenario, model.defaults, store.trials(old_study))
-    if not old.observations:
-        return model
-    carried = rescale(old, shape_from, shape_to, scenario.tensor_parallel_size(), old.total_bytes)
-    return MemoryModel(threshold=model.threshold, total_bytes=model.total_bytes, step_cap=model.step_cap,
-                       defaults=model.defaults, prior_mean=carried.prior_mean, prior_sd=carried.prior_sd,
-                       shape=model.shape, card_bytes=model.card_bytes)
-
-
-def step_cap(scenario: Scenario) -> float:
-    """Most prompt tokens one step can hold: the streams in flight times the longest prompt (inf when
-    the workload does not say, e.g. a trace)."""
-    from autotuner.tuner.trial import peak_concurrency
-
-    r = scenario.workload.requests
-    if r.kind != "synthetic" or r.prompt_tokens is None:
-        return math.inf
-    d = r.prompt_tokens
-    longest = d.max or d.value or d.high
-    if longest is None and d.mean is not None and d.stddev is not None:
-        longest = d.mean + 4 * d.stddev
-    if longest is None and d.median is not None and d.sigma is not None:
-        longest = d.median * math.exp(3 * d.sigma)
-    if longest is None:
-        return math.inf
-    return float(peak_concurrency(scenario) * longest)
-
-
-def _card_bytes(scenario: Scenario) -> int | None:
-    """A simulated GPU's total; a real card's is known once a trial measured it."""
-    if not backend_for(scenario).simulated:
-        return None
-    from autotuner.sim.hardware import load_gpu
-
-    try:
-        return load_gpu(scenario.engine.sim.gpu).memory_bytes
-    except Exception:  # an unknown GPU file is the simulator's error to report, not the model's
-        return None
-
-
-def _activation_per_token(spec: Any, tp: int) -> float:
-    return float(spec.dtype_bytes * (2 * spec.hidden_size + 3 * spec.intermediate_size // max(1, tp)))
-
-
-def _num(flags: Mapping[str, FlagValue], key: str, defaults: Mapping[str, FlagValue], fallback: float) -> float:
+def flag_number(flags: Mapping[str, FlagValue], key: str, defaults: Mapping[str, FlagValue], fallback: float) -> float:
+    """A numeric flag of the candidate, else the study's default, else `fallback` (also for a non-number)."""
     value = flags.get(key, defaults.get(key, fallback))
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return fallback
 
-
-def _phi(z: float) -> float:
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-
-
-def _z(p: float) -> float:
-    """Inverse of the standard normal CDF by bisection (no scipy needed)."""
-    lo, hi = -10.0, 10.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if _phi(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 # +1: more memory as the value grows; -1: less (vLLM and the simulator alike).

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from autotuner.stats import percentile
 from autotuner.workload.replay import CANCELLED, Replayer, ReplayResult
@@ -166,7 +167,7 @@ def _dominates(values: Mapping[str, float], bounds: Mapping[str, float], objecti
 
 
 def _confidence(z: float) -> float:
-    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    return NormalDist().cdf(z)
 
 
 # Set by the study around one trial; read by whoever replays the workload.

@@ -32,7 +32,9 @@ from autotuner.trust.offload import host_ram_problem
 from autotuner.tuner import memory_margin, pruning
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
 from autotuner.tuner.groups import AUTO, GpuGroup, GroupSlots, plan_groups
-from autotuner.tuner.memory_model import MemoryModel, repair, warm_started
+from autotuner.tuner.memory_model import MemoryModel
+from autotuner.tuner.memory_repair import repair
+from autotuner.tuner.memory_warm_start import warm_started
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of

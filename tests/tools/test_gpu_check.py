@@ -1,10 +1,9 @@
-"""tools/gpu_check.py without a GPU: the dry run (simulated NVML, CpuStandIn for torch) through every
+"""tools/gpu_check without a GPU: the dry run (simulated NVML, CpuStandIn for torch) through every
 step, the time boxes, bad arguments, the simulator's predictions, and the wheels the device needs."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 import subprocess
@@ -14,9 +13,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.vllm import VllmCpu
+from tools.gpu_check.cli import main
+from tools.gpu_check.config import CheckConfig
+from tools.gpu_check.device import Device
+from tools.gpu_check.fits import fit_curve
+from tools.gpu_check.predictions import sim_predictions
+from tools.gpu_check.prefill import schedule_chunks
+from tools.gpu_check.records import Recorder, read_records
+from tools.gpu_check.stand_in import CpuStandIn
+from tools.gpu_check.step_runner import MIN_STEP_S, SUMMARY_RESERVE_S
+from tools.gpu_check.torch_cuda import TorchCuda
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "gpu_check.py"
+PACKAGE = ROOT / "tools" / "gpu_check"
 WHEELS = ROOT / "tools" / "gpu_wheels.txt"
 
 # The device machine's image, as /work/.library/device/KINDS.md lists it (read 2026-11-17), by
@@ -46,25 +55,13 @@ wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 PREINSTALLED = frozenset(_IMAGE_PACKAGES.split())
 
 
-def _load_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load_check()
-
-
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "tools.gpu_check", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
 
 
 # ---- the dry run, end to end
@@ -121,7 +118,7 @@ def test_dry_run_wall_has_every_budget_per_backend_beside_the_simulator(
     ]
     for row in rows:
         assert row["allocated_rise_bytes"] > 0 and row["nvml_rise_bytes"] > 0, row
-        assert row["engine_steps"] == len(gpu_check.schedule_chunks((3000, 6000), row["budget"]))
+        assert row["engine_steps"] == len(schedule_chunks((3000, 6000), row["budget"]))
     # The stand-in's steady footprint is what the simulator plans for the same shape, so the
     # steady NVML figure must come out within the stand-in's context and rounding.
     steady = wall["facts"]["steady"]["nvml_used_bytes"]
@@ -178,7 +175,7 @@ def test_steps_share_the_total_and_a_step_without_time_is_skipped(tmp_path: Path
                 "--sampler-seconds", "0.3", "--stall", "nvml")
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["steps"]["nvml"]["status"] == "timeout", proc.stdout + proc.stderr
-    assert report["steps"]["nvml"]["box_s"] <= 20 - gpu_check.SUMMARY_RESERVE_S - gpu_check.MIN_STEP_S + 0.01
+    assert report["steps"]["nvml"]["box_s"] <= 20 - SUMMARY_RESERVE_S - MIN_STEP_S + 0.01
     assert report["steps"]["oom"]["status"] == "skipped"
     assert report["steps"]["oom"]["note"] == "no time left in --total-s"
 
@@ -204,7 +201,7 @@ def test_bad_arguments_exit_2_naming_the_argument_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str,
 ) -> None:
     out = tmp_path / "out"
-    assert gpu_check.main(["--dry-run", "--out", str(out), *args]) == 2
+    assert main(["--dry-run", "--out", str(out), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_check: error:") and named in err and err.count("\n") == 1
     assert not out.exists()
@@ -213,7 +210,7 @@ def test_bad_arguments_exit_2_naming_the_argument_and_write_nothing(
 def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "file"
     target.write_text("x")
-    assert gpu_check.main(["--dry-run", "--out", str(target)]) == 2
+    assert main(["--dry-run", "--out", str(target)]) == 2
     assert "--out" in capsys.readouterr().err
     assert target.read_text() == "x"
 
@@ -224,7 +221,7 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_schedule_chunks_prefills_every_prompt_within_the_budget() -> None:
     prompts = (3000, 4000, 5000, 6000)
     for budget in (256, 1000, 4096, 16384, 20000):
-        steps = gpu_check.schedule_chunks(prompts, budget)
+        steps = schedule_chunks(prompts, budget)
         assert all(0 < sum(n for _, _, n in step) <= budget for step in steps)
         assert len(steps) == -(-sum(prompts) // budget)
         done: dict[int, int] = {}
@@ -233,37 +230,37 @@ def test_schedule_chunks_prefills_every_prompt_within_the_budget() -> None:
                 assert start == done.get(offset, 0)  # each chunk continues where the last one stopped
                 done[offset] = start + n
         assert done == {0: 3000, 3000: 4000, 7000: 5000, 12000: 6000}
-    assert gpu_check.schedule_chunks((3000,), 1024)[-1] == [(0, 2048, 952)]
+    assert schedule_chunks((3000,), 1024)[-1] == [(0, 2048, 952)]
 
 
 def test_fit_curve_tells_a_line_from_a_parabola() -> None:
     budgets = [256, 512, 1024, 2048, 4096, 8192, 16384]
-    line = gpu_check.fit_curve(budgets, [1e6 + 5000.0 * b for b in budgets])
+    line = fit_curve(budgets, [1e6 + 5000.0 * b for b in budgets])
     assert line is not None and line["verdict"] == "linear"
     assert line["slope_bytes_per_token"] == pytest.approx(5000.0)
-    parabola = gpu_check.fit_curve(budgets, [1e6 + 100.0 * b + 360.0 * b * b for b in budgets])
+    parabola = fit_curve(budgets, [1e6 + 100.0 * b + 360.0 * b * b for b in budgets])
     assert parabola is not None and parabola["verdict"] == "not linear"
     assert parabola["quadratic"]["c2_bytes_per_token2"] == pytest.approx(360.0)
-    assert gpu_check.fit_curve([256, 512], [1.0, 2.0]) is None
+    assert fit_curve([256, 512], [1.0, 2.0]) is None
 
 
 def test_records_survive_a_step_killed_mid_line(tmp_path: Path) -> None:
     path = tmp_path / "step.jsonl"
-    rec = gpu_check.Recorder(path)
+    rec = Recorder(path)
     rec.set("device", {"name": "x"})
     rec.add("wall", {"budget": 256})
     rec.add("wall", {"budget": 512})
     rec.close()
     with open(path, "a") as f:
         f.write('{"add": "wall", "row": {"bud')
-    assert gpu_check.read_records(path) == {"facts": {"device": {"name": "x"}},
+    assert read_records(path) == {"facts": {"device": {"name": "x"}},
                                             "tables": {"wall": [{"budget": 256}, {"budget": 512}]}}
 
 
 def test_simulator_predictions_use_the_measured_total(tmp_path: Path) -> None:
-    config = gpu_check.CheckConfig(out=str(tmp_path), budgets=(1024, 8192), prompts=(3000, 6000))
+    config = CheckConfig(out=str(tmp_path), budgets=(1024, 8192), prompts=(3000, 6000))
     measured = 143771 * (1 << 20)
-    sim = gpu_check.sim_predictions(config, measured)
+    sim = sim_predictions(config, measured)
     assert sim["errors"] == []
     assert sim["gpu"]["memory_gib"] * (1 << 30) == pytest.approx(measured)
     assert sim["startup"]["kv_tokens"] > 6000
@@ -272,8 +269,8 @@ def test_simulator_predictions_use_the_measured_total(tmp_path: Path) -> None:
 
 
 def test_simulator_failures_are_reported_not_raised(tmp_path: Path) -> None:
-    config = gpu_check.CheckConfig(out=str(tmp_path), gpu_spec=str(tmp_path / "missing.yaml"))
-    sim = gpu_check.sim_predictions(config, None)
+    config = CheckConfig(out=str(tmp_path), gpu_spec=str(tmp_path / "missing.yaml"))
+    sim = sim_predictions(config, None)
     assert sim["errors"] and all("HardwareSpecError" in e or "missing.yaml" in e for e in sim["errors"])
     assert "transient" not in sim
 
@@ -322,17 +319,16 @@ def test_every_runtime_dependency_is_carried_or_already_there() -> None:
 
 
 def test_the_checks_imports_are_carried_or_already_there() -> None:
-    """Every module tools/gpu_check.py imports (at the top or inside a step), and everything those
+    """Every module tools/gpu_check imports (at the top or inside a step), and everything those
     import in turn, comes from the standard library, this repository, a carried wheel or the image."""
-    tree = ast.parse(SCRIPT.read_text())
     imported: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (n for path in sorted(PACKAGE.glob("*.py")) for n in ast.walk(ast.parse(path.read_text()))):
         if isinstance(node, ast.Import):
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.add(node.module)
             imported |= {f"{node.module}.{alias.name}" for alias in node.names if node.module == "autotuner.sim"}
-    ours = sorted(m for m in imported if m.split(".")[0] == "autotuner")
+    ours = sorted(m for m in imported if m.split(".")[0] in {"autotuner", "tools"})
     assert "autotuner.engine.process" in ours and "autotuner.monitor" in ours
     probe = (
         "import importlib, json, sys\n"
@@ -349,7 +345,7 @@ def test_the_checks_imports_are_carried_or_already_there() -> None:
     available = set(_wheel_pins()) | PREINSTALLED
     third_party = {m.split(".")[0] for m in imported} | set(loaded)
     needed: dict[str, str] = {}
-    for top in sorted(third_party - set(sys.stdlib_module_names) - {"autotuner", "__main__", "__future__"}):
+    for top in sorted(third_party - set(sys.stdlib_module_names) - {"autotuner", "tools", "__main__", "__future__"}):
         if top.startswith("_"):
             continue  # interpreter and build helpers (editable finders, cython runtime)
         for dist in dists.get(top, [top]):
@@ -410,9 +406,9 @@ def test_the_stand_in_offers_what_the_real_device_does() -> None:
     """The dry run only proves the steps' plumbing if CpuStandIn answers every call TorchCuda does."""
     import inspect
 
-    wanted = {n for n, _ in inspect.getmembers(gpu_check.Device, inspect.isfunction) if not n.startswith("_")}
+    wanted = {n for n, _ in inspect.getmembers(Device, inspect.isfunction) if not n.startswith("_")}
     assert {"run", "load_model", "reserve_kv", "hold", "peak"} <= wanted
-    for cls in (gpu_check.TorchCuda, gpu_check.CpuStandIn):
+    for cls in (TorchCuda, CpuStandIn):
         for name in wanted:
-            ours, theirs = getattr(cls, name), getattr(gpu_check.Device, name)
+            ours, theirs = getattr(cls, name), getattr(Device, name)
             assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), (cls, name)

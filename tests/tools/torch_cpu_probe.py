@@ -8,32 +8,19 @@ object; test_gpu_check.py runs it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_check() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> int:
     import torch
 
     from autotuner.sim.models import ModelSpec
+    from tools.gpu_check.prefill import schedule_chunks
+    from tools.gpu_check.torch_cuda import TorchCuda
 
-    gpu_check = load_check()
-
-    class TorchOnCpu(gpu_check.TorchCuda):
+    class TorchOnCpu(TorchCuda):
         """TorchCuda's model, KV tensor and layer loop on the CPU in float32; no CUDA memory figures."""
 
         dtype = "float32"
@@ -67,7 +54,7 @@ def main() -> int:
                                 "kv_tokens": tokens, "errors": {}}
         for backend in ("math", "flash"):
             for budget in (64, 1000):
-                steps = gpu_check.schedule_chunks(prompts, budget)
+                steps = schedule_chunks(prompts, budget)
                 try:
                     logits = gpu.run(steps, backend)
                 except Exception as exc:  # a backend this CPU build lacks is a finding, not a crash

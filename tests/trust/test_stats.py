@@ -7,8 +7,8 @@ import math
 import pytest
 
 from autotuner.errors import UserInputError
+from autotuner.stats import interval
 from autotuner.trust.commands import parse_confirm
-from autotuner.trust.stats import interval
 
 
 def test_t_interval_of_three_runs() -> None:

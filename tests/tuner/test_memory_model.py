@@ -12,7 +12,9 @@ from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.models import load_model
-from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel, repair, rescale
+from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel
+from autotuner.tuner.memory_repair import repair
+from autotuner.tuner.memory_warm_start import rescale
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.space import build_space
 from autotuner.tuner.trial import TrialResult
