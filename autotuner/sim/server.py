@@ -34,7 +34,7 @@ from autotuner.sim.memory import CUDA_CONTEXT_BYTES, MemoryPlan, StartupError, g
 from autotuner.sim.metrics import EngineMetrics
 from autotuner.sim.noise import RunNoise, next_run
 from autotuner.sim.vllm_log import VllmLog
-from autotuner.sim.workers import SimWorkerError, WorkerPool
+from autotuner.sim.worker_pool import SimWorkerError, WorkerPool
 
 # Simulated seconds of each startup phase (before the speed-up).
 INIT_S = 6.0
