@@ -118,7 +118,7 @@ def print_evaluation(ev: Evaluation) -> None:
 
 def run_serve(argv: Sequence[str]) -> int:
     from autotuner.sim.gpu_state import state_dir_from_env
-    from autotuner.sim.server import serve
+    from autotuner.sim.main import serve
 
     try:
         ns = parse_args(argv)
