@@ -29,7 +29,7 @@ from pathlib import Path
 
 from autotuner.monitor import HostMonitor, MemoryMonitor, Sampler, Threshold, ThresholdEvent, open_monitor
 from autotuner.sim.gpu_state import GpuHost, make_gpus
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 
 GIB = 1 << 30
 GPU_COUNT = 8

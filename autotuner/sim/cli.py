@@ -118,7 +118,7 @@ def print_evaluation(ev: Evaluation) -> None:
 
 def run_serve(argv: Sequence[str]) -> int:
     from autotuner.sim.gpu_state import state_dir_from_env
-    from autotuner.sim.server import serve
+    from autotuner.sim.main import serve
 
     try:
         ns = parse_args(argv)
@@ -151,7 +151,7 @@ def run_hold(argv: Sequence[str]) -> int:
     import signal
 
     from autotuner.sim.gpu_state import HOLDERS_DIR, GpuHost, state_dir_from_env
-    from autotuner.sim.worker import HolderFile, start_heartbeat
+    from autotuner.sim.worker_process import HolderFile, start_heartbeat
 
     parser = hold_parser()
     ns = parser.parse_args(list(argv))

@@ -1,6 +1,7 @@
 """The simulated engine core: vLLM V1's scheduler over paged KV blocks, timed by the roofline and
-charged by the memory model. It knows no clock of its own: the HTTP server drives it in scaled real
-time, the evaluator in virtual time, and both get the same steps for the same inputs.
+charged by the memory model. It knows no clock of its own: the engine loop
+(`autotuner.sim.engine_loop`) drives it in scaled real time, the evaluator in virtual time, and both
+get the same steps for the same inputs.
 """
 
 from __future__ import annotations

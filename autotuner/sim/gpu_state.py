@@ -7,7 +7,7 @@ Layout of the state directory (``$AUTOTUNER_SIM_STATE_DIR``, default
     holders/gpu<index>-<pid>.json  {"pid", "create_time", "gpu", "bytes", "name", "listed", "peak_bytes"}
 
 Simulated GPU memory is held by processes, the way NVML sees real GPU memory. Each holder (a
-simulated TP worker, see ``autotuner.sim.worker``) writes one holder file per GPU, atomically
+simulated TP worker, see ``autotuner.sim.worker_process``) writes one holder file per GPU, atomically
 (tmp file + ``os.replace``), and heartbeats its mtime every ``HEARTBEAT_S``.
 
 Liveness rule. A holder's bytes count on its GPU while

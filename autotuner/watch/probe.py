@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.vllm import metrics as names
 from autotuner.watch.fingerprint import model_fingerprint
 from autotuner.watch.snapshot import LengthHistogram, ProductionSnapshot
+from autotuner.workload import prometheus
 
 
 class ProbeError(Exception):
@@ -55,16 +55,16 @@ async def probe(endpoint: str, *, api_key_env: str | None = None, timeout_s: flo
             raise version
         problems.append(str(version))
         version = {}
-    families: Samples = {}
+    scraped = prometheus.parse("")  # nothing scraped
     if isinstance(metrics_text, BaseException):
         if not isinstance(metrics_text, ProbeError):
             raise metrics_text
         problems.append(str(metrics_text))
     else:
         try:
-            families = parse_metrics(metrics_text)
-        except ProbeError as exc:
-            problems.append(str(exc))
+            scraped = prometheus.parse(metrics_text)
+        except prometheus.MetricsParseError as exc:
+            problems.append(f"/metrics is not Prometheus text: {exc}")
     error = "; ".join(problems) or None
     model = _first_model(models)
     served = _str(model.get("id"))
@@ -76,54 +76,24 @@ async def probe(endpoint: str, *, api_key_env: str | None = None, timeout_s: flo
         max_model_len=int(max_len) if isinstance(max_len, int | float) and not isinstance(max_len, bool) else None,
         vllm_version=_str(version.get("version")),
         model_fingerprint=model_fingerprint(root, served),
-        prompt_tokens=histogram(families, names.REQUEST_PROMPT_TOKENS),
-        generation_tokens=histogram(families, names.REQUEST_GENERATION_TOKENS),
-        kv_cache_usage=_max_sample(families, names.KV_CACHE_USAGE),
-        preemptions_total=_sum_sample(families, names.counter_sample(names.NUM_PREEMPTIONS)),
-        requests_running=_sum_sample(families, names.NUM_REQUESTS_RUNNING),
+        prompt_tokens=length_histogram(scraped, names.REQUEST_PROMPT_TOKENS),
+        generation_tokens=length_histogram(scraped, names.REQUEST_GENERATION_TOKENS),
+        kv_cache_usage=scraped.largest(names.KV_CACHE_USAGE),
+        preemptions_total=scraped.get(names.counter_sample(names.NUM_PREEMPTIONS)),
+        requests_running=scraped.get(names.NUM_REQUESTS_RUNNING),
         simulator=sim if isinstance(sim := version.get("simulator"), dict) else None,
     )
 
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]  # sample name → (labels, value)
-
-
-def parse_metrics(text: str) -> Samples:
-    """Every sample of a Prometheus text exposition, by sample name (prometheus_client's parser)."""
-    out: Samples = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    except (ValueError, TypeError, IndexError) as exc:
-        raise ProbeError(f"/metrics is not Prometheus text: {exc}") from None
-    return out
-
-
-def histogram(samples: Samples, name: str) -> LengthHistogram | None:
-    """The histogram `name` summed over its label sets (engines, models); None if it is not exposed."""
-    counts = samples.get(name + "_count")
-    if not counts:
+def length_histogram(scraped: prometheus.Snapshot, name: str) -> LengthHistogram | None:
+    """The histogram `name` summed over its label sets (engines, models), always with a +Inf bucket;
+    None if it is not exposed."""
+    hist = scraped.histogram(name)
+    if hist is None:
         return None
-    by_le: dict[float, float] = {}
-    for labels, value in samples.get(name + "_bucket", []):
-        if "le" in labels:
-            le = float(labels["le"])
-            by_le[le] = by_le.get(le, 0.0) + value
-    if math.inf not in by_le:
-        by_le[math.inf] = sum(v for _, v in counts)
-    total = sum(v for _, v in samples.get(name + "_sum", []))
-    return LengthHistogram(tuple(sorted(by_le.items())), sum(v for _, v in counts), total)
-
-
-def _sum_sample(samples: Samples, name: str) -> float | None:
-    values = [v for _, v in samples.get(name, [])]
-    return sum(values) if values else None
-
-
-def _max_sample(samples: Samples, name: str) -> float | None:
-    values = [v for _, v in samples.get(name, [])]
-    return max(values) if values else None
+    buckets = dict(hist.buckets)
+    buckets.setdefault(math.inf, hist.count)
+    return LengthHistogram(tuple(sorted(buckets.items())), hist.count, hist.sum)
 
 
 async def _get(http: httpx.AsyncClient, path: str) -> httpx.Response:

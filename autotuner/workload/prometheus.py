@@ -1,5 +1,9 @@
 """vLLM's `/metrics` (Prometheus text exposition): parse, diff two scrapes, poll during a replay.
 
+The one reader of `/metrics` in the project (the tuner's scrape and poll, the production watcher's
+probe): prometheus_client's text parser, with each sample kept under its exposed name
+(`vllm:prompt_tokens_total`, `…_bucket`, `…_count`) and label set.
+
 Counters are diffed between a scrape before and one after the replay; gauges such as KV-cache usage
 only mean something at an instant, so their peak needs polling while the load runs.
 """
@@ -8,19 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from autotuner.vllm import metrics as names
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|(?=\}))')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 SCRAPE_TIMEOUT_S = 5.0
 
 PREEMPTIONS = names.counter_sample(names.NUM_PREEMPTIONS)
@@ -61,6 +62,11 @@ class Snapshot:
         hits = [v for key, v in series.items() if want <= set(key)]
         return sum(hits) if hits else None
 
+    def largest(self, name: str) -> float | None:
+        """The largest sample of `name` over its label sets (a gauge read per engine); None if none."""
+        series = self.samples.get(name)
+        return max(series.values()) if series else None
+
     def by_label(self, name: str, label: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for key, value in self.samples.get(name, {}).items():
@@ -84,44 +90,44 @@ class Snapshot:
 
 
 def parse(text: str, t: float | None = None) -> Snapshot:
+    """Every sample of a text exposition; `MetricsParseError` names the first line that is not one."""
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if _extra_fields(line):
+            raise MetricsParseError(f"line {lineno}: expected a value and an optional timestamp: "
+                                    f"{line.strip()[:120]!r}")
     samples: dict[str, dict[Labels, float]] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            name, labels, value = _parse_sample(line)
-        except ValueError as exc:
-            raise MetricsParseError(f"line {lineno}: {exc}: {line[:120]!r}") from None
-        series = samples.setdefault(name, {})
-        series[labels] = value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = float(sample.value)
+    except _PARSER_ERRORS as exc:
+        lineno, line = _first_bad_line(lines)
+        raise MetricsParseError(f"line {lineno}: {exc or 'not a sample'}: {line.strip()[:120]!r}") from None
     return Snapshot(time.perf_counter() if t is None else t, samples)
 
 
-def _parse_sample(line: str) -> tuple[str, Labels, float]:
-    m = _NAME.match(line)
-    if m is None:
-        raise ValueError("no metric name")
-    name, pos = m.group(), m.end()
-    labels: list[tuple[str, str]] = []
-    if pos < len(line) and line[pos] == "{":
-        pos += 1
-        while True:
-            while pos < len(line) and line[pos] == " ":
-                pos += 1
-            if pos < len(line) and line[pos] == "}":
-                pos += 1
-                break
-            lm = _LABEL.match(line, pos)
-            if lm is None:
-                raise ValueError("bad label set")
-            value = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], lm.group(2))
-            labels.append((lm.group(1), value))
-            pos = lm.end()
-    parts = line[pos:].split()
-    if not parts or len(parts) > 2:
-        raise ValueError("expected a value and an optional timestamp")
-    return name, tuple(sorted(labels)), float(parts[0])
+_PARSER_ERRORS = (ValueError, TypeError, IndexError)  # what prometheus_client's parser raises on bad text
+
+
+def _extra_fields(line: str) -> bool:
+    """More than a value and a timestamp after the sample's name and labels: prometheus_client's parser
+    takes the last number for the timestamp, Prometheus refuses the line, and so do we."""
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return False
+    _, brace, tail = text.rpartition("}")
+    return len(tail.split() if brace else text.split()[1:]) > 2
+
+
+def _first_bad_line(lines: list[str]) -> tuple[int, str]:
+    """The line the parser stopped at (its errors name none): the first that does not parse alone."""
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            list(text_string_to_metric_families(line))
+        except _PARSER_ERRORS:
+            return lineno, line
+    return len(lines), lines[-1] if lines else ""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import pytest
 from autotuner.monitor import MemoryMonitor, NvmlUnavailableError, open_monitor
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost, make_gpus
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.waiting import wait_for
 
 MIB = 1 << 20

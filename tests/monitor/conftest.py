@@ -10,7 +10,7 @@ import pytest
 from autotuner.monitor import NvmlMonitor
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost, make_gpus
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GPU_NAME, GPU_TOTAL
 
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from autotuner.monitor import NvmlMonitor, busy_devices, wait_for_release, wait_until
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GIB
 
 OpenMonitor = Callable[[list[int] | None], NvmlMonitor]

@@ -15,7 +15,7 @@ from autotuner.monitor import (
     open_monitor,
 )
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GIB
 
 

@@ -12,7 +12,7 @@ from autotuner.errors import InfrastructureError, UserInputError
 from autotuner.monitor import MonitorConfigError, MonitorError, NvmlMonitor, NvmlUnavailableError
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GIB, GPU_NAME, GPU_TOTAL
 
 OpenMonitor = Callable[[list[int] | None], NvmlMonitor]

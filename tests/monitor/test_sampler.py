@@ -20,7 +20,7 @@ from autotuner.monitor import (
 )
 from autotuner.sim import nvml as sim_nvml
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GIB, GPU_TOTAL
 
 OpenMonitor = Callable[[list[int] | None], NvmlMonitor]

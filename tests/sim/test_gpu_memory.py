@@ -33,8 +33,8 @@ from autotuner.sim.gpu_state import (
     make_gpus,
     write_holder,
 )
-from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
-from autotuner.sim.workers import SimWorkerError, WorkerPool
+from autotuner.sim.worker_pool import SimWorkerError, WorkerPool
+from autotuner.sim.worker_process import ORPHAN_TIMEOUT_ENV
 from tests.support.waiting import seconds_until, wait_for
 
 GIB = 1 << 30
@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PARENT_SCRIPT = """
 import sys, time
 from pathlib import Path
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 pool = WorkerPool(Path(sys.argv[1]), [0, 1])
 pool.start()
 pool.set_bytes([3 << 30, 5 << 30])

@@ -69,7 +69,7 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private simulated GPU host with the default release delay, for the GPU-state tests."""
     from autotuner.sim.gpu_state import RELEASE_DELAY_ENV, STATE_DIR_ENV
-    from autotuner.sim.worker import ORPHAN_TIMEOUT_ENV
+    from autotuner.sim.worker_process import ORPHAN_TIMEOUT_ENV
 
     d = tmp_path / "gpus"
     monkeypatch.setenv(STATE_DIR_ENV, str(d))

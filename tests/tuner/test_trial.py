@@ -16,7 +16,7 @@ import pytest
 from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.sim.workers import WorkerPool
+from autotuner.sim.worker_pool import WorkerPool
 from autotuner.tuner.trial import GpusBusyError, measure
 from tests.support.quickstart import scenario
 

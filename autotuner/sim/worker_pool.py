@@ -3,7 +3,7 @@
 Workers stay in the caller's process group (no new session): the engine supervisor stops a trial by
 signalling the whole group, and that must reach the workers exactly as it reaches vLLM's. If the
 server alone is SIGKILLed, the workers see EOF on stdin and live on as orphans holding their
-memory, as vLLM's do (see ``autotuner.sim.worker``).
+memory, as vLLM's do (see ``autotuner.sim.worker_process``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class WorkerPool:
         try:
             for rank, gpu in enumerate(self.gpu_indices):
                 argv = [
-                    sys.executable, "-m", "autotuner.sim.worker",
+                    sys.executable, "-m", "autotuner.sim.worker_process",
                     "--state-dir", str(self.state_dir),
                     "--gpu", str(gpu),
                     "--name", f"{WORKER_NAME_PREFIX}{rank}",

@@ -1,6 +1,6 @@
 """A simulated tensor-parallel worker: one process that holds simulated memory on one GPU.
 
-    python -m autotuner.sim.worker --state-dir D --gpu I --name "VLLM::Worker_TP0"
+    python -m autotuner.sim.worker_process --state-dir D --gpu I --name "VLLM::Worker_TP0"
 
 Protocol: each line on stdin is an integer byte count to hold from now on; the worker writes its
 holder file (see ``autotuner.sim.gpu_state``) and then acks with ``ok <bytes>`` on stdout. A line
@@ -127,7 +127,7 @@ def _serve(holder: HolderFile) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotuner.sim.worker")
+    parser = argparse.ArgumentParser(prog="python -m autotuner.sim.worker_process")
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--gpu", type=int, required=True)
     parser.add_argument("--name", default="VLLM::Worker")
