@@ -112,27 +112,24 @@ class SimEngine:
 
     def _deliver(self, result: StepResult) -> None:
         m = self.metrics
-        m.iteration_tokens.observe(result.num_tokens)
-        m.generation_tokens.inc(len(result.emitted))
+        m.step(result.num_tokens, len(result.emitted))
         prompt_tokens = result.num_tokens - len(result.emitted)
         for req in result.emitted:
             stream = self.streams.get(req)
             if stream is None:
                 continue
             if req.output_len == 1:
-                m.ttft.observe(result.end - req.arrival)
-                m.queue.observe((req.first_scheduled or req.arrival) - req.arrival)
-                m.prompt_tokens.inc(req.prompt_len)
+                m.first_token(result.end - req.arrival, (req.first_scheduled or req.arrival) - req.arrival,
+                              req.prompt_len)
             else:
-                m.itl.observe(result.end - self._last_token.get(req, result.end))
+                m.next_token(result.end - self._last_token.get(req, result.end))
             self._last_token[req] = result.end
             stream.queue.put_nowait(req.output_len - 1)
         for req in result.finished:
             stream = self.streams.get(req)
             if stream is None:
                 continue
-            m.e2e.observe(result.end - req.arrival)
-            m.finished(req.prompt_len, req.output_len, req.finish_reason or "length")
+            m.finished(result.end - req.arrival, req.prompt_len, req.output_len, req.finish_reason or "length")
             self.finished_log.append({
                 "id": req.request_id, "arrival_s": req.arrival, "first_token_s": req.first_token,
                 "finished_s": req.finished_at, "prompt_tokens": req.prompt_len,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,8 +51,15 @@ class Histogram:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """One scrape: when, and the page; its samples are parsed on first read (`parse` reads them at once)."""
+
     t: float  # perf_counter when scraped
-    samples: dict[str, dict[Labels, float]]  # metric sample name → labels → value
+    page: str = field(default="", repr=False)
+
+    @cached_property
+    def samples(self) -> dict[str, dict[Labels, float]]:
+        """Metric sample name → labels → value; `MetricsParseError` if the page is not Prometheus text."""
+        return _samples(self.page)
 
     def get(self, name: str, **labels: str) -> float | None:
         """Sum over the samples of `name` whose labels include `labels`; None if there are none."""
@@ -91,6 +99,12 @@ class Snapshot:
 
 def parse(text: str, t: float | None = None) -> Snapshot:
     """Every sample of a text exposition; `MetricsParseError` names the first line that is not one."""
+    snapshot = Snapshot(time.perf_counter() if t is None else t, text)
+    snapshot.samples  # noqa: B018 - parsed now, so a bad page is an error here
+    return snapshot
+
+
+def _samples(text: str) -> dict[str, dict[Labels, float]]:
     lines = text.splitlines()
     for lineno, line in enumerate(lines, start=1):
         if _extra_fields(line):
@@ -104,7 +118,7 @@ def parse(text: str, t: float | None = None) -> Snapshot:
     except _PARSER_ERRORS as exc:
         lineno, line = _first_bad_line(lines)
         raise MetricsParseError(f"line {lineno}: {exc or 'not a sample'}: {line.strip()[:120]!r}") from None
-    return Snapshot(time.perf_counter() if t is None else t, samples)
+    return samples
 
 
 _PARSER_ERRORS = (ValueError, TypeError, IndexError)  # what prometheus_client's parser raises on bad text
@@ -169,6 +183,15 @@ def delta(before: Snapshot, after: Snapshot) -> MetricsDelta:
 
 
 async def scrape(http: httpx.AsyncClient, base_url: str) -> Snapshot:
+    """/metrics now, parsed: a page that is not Prometheus text is a `ScrapeError`."""
+    url, page = await _fetch(http, base_url)
+    try:
+        return parse(page)
+    except MetricsParseError as exc:
+        raise ScrapeError(f"GET {url}: {exc}") from None
+
+
+async def _fetch(http: httpx.AsyncClient, base_url: str) -> tuple[str, str]:
     url = base_url.rstrip("/") + "/metrics"
     try:
         resp = await http.get(url, timeout=SCRAPE_TIMEOUT_S)
@@ -176,25 +199,32 @@ async def scrape(http: httpx.AsyncClient, base_url: str) -> Snapshot:
         raise ScrapeError(f"GET {url}: {type(exc).__name__}: {exc}") from None
     if resp.status_code != 200:
         raise ScrapeError(f"GET {url} → HTTP {resp.status_code}")
-    try:
-        return parse(resp.text)
-    except MetricsParseError as exc:
-        raise ScrapeError(f"GET {url}: {exc}") from None
+    return url, resp.text
 
 
 async def poll(http: httpx.AsyncClient, base_url: str, interval_s: float, stop: asyncio.Event,
                into: list[Snapshot] | None = None) -> list[Snapshot]:
     """Scrape every `interval_s` until `stop` is set; failed scrapes are skipped (an engine that
-    died mid-run must not take the poller down). Pass `into` to keep the snapshots if cancelled."""
+    died mid-run must not take the poller down). Pass `into` to keep the snapshots if cancelled.
+
+    The pages are parsed when first read, after the run: parsing one costs the event loop tens of
+    milliseconds, which would stall the replay's client (its token timestamps) and thin out the
+    polls. A page that turns out not to be Prometheus text counts as a failed scrape in `peak`."""
     snapshots = [] if into is None else into
     while not stop.is_set():
         with contextlib.suppress(ScrapeError):
-            snapshots.append(await scrape(http, base_url))
+            _, page = await _fetch(http, base_url)
+            snapshots.append(Snapshot(time.perf_counter(), page))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
     return snapshots
 
 
 def peak(snapshots: list[Snapshot], name: str = KV_CACHE_USAGE) -> float | None:
-    values = [v for s in snapshots if (v := s.get(name)) is not None]
+    """The highest `name` over the snapshots (those whose page does not parse are skipped)."""
+    values: list[float] = []
+    for snapshot in snapshots:
+        with contextlib.suppress(MetricsParseError):
+            if (value := snapshot.get(name)) is not None:
+                values.append(value)
     return max(values) if values else None
