@@ -16,9 +16,9 @@ from autotuner.export.units import GIB, change, percent, rate, seconds
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
-from autotuner.tuner import memory_margin
+from autotuner.trials import memory_margin
+from autotuner.trials.scoring import threshold_of
 from autotuner.tuner.offload_axis import from_flags
-from autotuner.tuner.trial import threshold_of
 
 # The figures a deployer asks about first, in the order they are shown.
 CERTIFIED_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",

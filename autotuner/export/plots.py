@@ -20,9 +20,9 @@ from matplotlib.figure import Figure
 from autotuner.export.select import THROUGHPUT, TTFT, Analysis
 from autotuner.export.units import GIB
 from autotuner.store.db import TrialRecord
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials.outcomes import TRUST_KINDS
+from autotuner.trials.scoring import threshold_of
 from autotuner.trust.summary import confirmations
-from autotuner.tuner.trial import threshold_of
 
 DPI = 110
 

@@ -18,24 +18,23 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotuner.backends import backend_for
-from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.export.slo import Slo, combine
 from autotuner.scenario import Scenario
 from autotuner.secrets import display_url, redact
 from autotuner.store.db import Store, StudyRecord, TrialRecord, sqlalchemy_url
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials import memory_margin
+from autotuner.trials.outcomes import TRUST_KINDS, Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import MAX_FAILED_SHARE, constraints_of, threshold_of
 from autotuner.trust.summary import Confirmation, SoakVerdict, confirmations, last_soak, soaks
-from autotuner.tuner import memory_margin
 from autotuner.tuner.offload_axis import from_flags
-from autotuner.tuner.study import MAX_FAILED_SHARE, constraints_of
-from autotuner.tuner.trial import TrialResult, threshold_of
 
 Policy = Literal["max-throughput", "min-ttft", "knee"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 THROUGHPUT = "output_tokens_per_s"
 TTFT = "ttft_p95_s"
-OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
+OOM_OUTCOMES = (Outcome.OOM_THRESHOLD, Outcome.OOM_CRASH)
 
 
 @dataclass
@@ -154,7 +153,7 @@ def infeasible_reason(trial: TrialRecord, scenario: Scenario) -> str | None:
     """Why this trial cannot be deployed (None when it can), SLOs aside."""
     if trial.state != "COMPLETE":
         return f"{trial.outcome} (not completed)"
-    if trial.outcome != oc.OK:
+    if trial.outcome != Outcome.OK:
         return trial.outcome
     result = TrialResult(trial.outcome, trial.reason, dict(trial.flags), [], metrics=trial.metrics,
                          memory=trial.memory)

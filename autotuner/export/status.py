@@ -15,7 +15,7 @@ from autotuner.export.select import OOM_OUTCOMES, analyse, load_study, open_stor
 from autotuner.export.slo import scenario_slos
 from autotuner.export.units import flag_value, percent, seconds
 from autotuner.secrets import display_url
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials.outcomes import TRUST_KINDS
 from autotuner.tuner.progress import LiveView
 
 

@@ -14,7 +14,7 @@ from autotuner.errors import AutotunerError, UserInputError
 from autotuner.export.certificate import inventory_summary
 from autotuner.export.select import StudyData
 from autotuner.monitor import factory
-from autotuner.tuner.runner import model_fingerprint
+from autotuner.tuner.runners import model_fingerprint
 
 
 @dataclass

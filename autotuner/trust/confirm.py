@@ -17,7 +17,8 @@ import structlog
 from autotuner.export.select import Analysis, analyse, choose, confirmed_ranking
 from autotuner.export.slo import combine
 from autotuner.store.db import TrialRecord
-from autotuner.trust import DEFAULT_REPEATS, DEFAULT_TOP, offload
+from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
+from autotuner.trust import offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 from autotuner.trust.summary import Confirmation, confirmations, soaks

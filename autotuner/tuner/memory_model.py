@@ -45,11 +45,10 @@ from typing import Any
 import numpy as np
 
 from autotuner.backends import backend_for
-from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store, TrialRecord
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials.outcomes import TRUST_KINDS, Outcome
 from autotuner.tuner import offload_axis
 from autotuner.tuner.space import Space, offload_shape
 
@@ -72,7 +71,7 @@ SKIP_CONFIDENCE = 0.9
 PROBE_MAX_P_OVER = 0.2
 # The interval stored with a prediction (two-sided).
 INTERVAL = 0.9
-OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
+OOM_OUTCOMES = (Outcome.OOM_THRESHOLD, Outcome.OOM_CRASH)
 MAX_MODEL_LEN = "max-model-len"
 # Startup needs besides weights, activation and KV: non-torch buffers and the CUDA-graph estimate
 # (vLLM charges both to the budget; 0.3-0.6 GiB seen on 24 GB cards).
@@ -178,7 +177,7 @@ class MemoryModel:
     def for_scenario(cls, scenario: Scenario, defaults: Mapping[str, FlagValue],
                      records: Sequence[TrialRecord] = ()) -> MemoryModel:
         """A study's model from its recorded trials so far (resume, or a fresh study with none)."""
-        from autotuner.tuner.trial import threshold_of
+        from autotuner.trials.scoring import threshold_of
 
         model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
                     shape=Shape.of(scenario), card_bytes=_card_bytes(scenario),
@@ -212,17 +211,17 @@ class MemoryModel:
             self.total_bytes = min(totals)
         x = self.features(flags)
         peak = memory.get("peak_fraction")
-        if outcome == oc.STARTUP_FAILED and reason and any(s in reason for s in _NO_ROOM):
+        if outcome == Outcome.STARTUP_FAILED and reason and any(s in reason for s in _NO_ROOM):
             self.no_room.append((trial_number, {BUDGET: x[2] * TOKENS, UTIL: x[1], OFFLOAD: x[4] * 100.0}))
             return
         if outcome in OOM_OUTCOMES:
             self.ran_out.append((trial_number, dict(flags)))
-            bound = 1.0 if outcome == oc.OOM_CRASH else max(float(peak or 0.0), self.limit_fraction)
+            bound = 1.0 if outcome == Outcome.OOM_CRASH else max(float(peak or 0.0), self.limit_fraction)
             self.observations.append(Observation(trial_number, x, bound, True))
-        elif outcome == oc.PRUNED and peak:
+        elif outcome == Outcome.PRUNED and peak:
             # Stopped early: the peak so far is a lower bound of the whole run's.
             self.observations.append(Observation(trial_number, x, float(peak), True))
-        elif outcome == oc.OK and peak:
+        elif outcome == Outcome.OK and peak:
             self.observations.append(Observation(trial_number, x, float(peak), False))
         else:
             return
@@ -473,7 +472,7 @@ def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Sce
 def step_cap(scenario: Scenario) -> float:
     """Most prompt tokens one step can hold: the streams in flight times the longest prompt (inf when
     the workload does not say, e.g. a trace)."""
-    from autotuner.tuner.trial import peak_concurrency
+    from autotuner.tuner.replay_phase import peak_concurrency
 
     r = scenario.workload.requests
     if r.kind != "synthetic" or r.prompt_tokens is None:

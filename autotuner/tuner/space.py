@@ -18,6 +18,7 @@ from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
 from autotuner.tuner import offload_axis as oa
+from autotuner.tuner.host_ram import PINNED_HOST_PER_GIB
 from autotuner.vllm import ModelLimits, Platform, knowledge_for
 
 log = structlog.get_logger(__name__)
@@ -54,8 +55,6 @@ def default_space(scenario: Scenario) -> dict[str, SearchParam]:
 def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> float:
     """GiB per GPU that can be offloaded with the host RAM available now: each of the TP workers pins
     about 1.9× the amount asked (vLLM #56410 measured 1.9×), within a share of what is available."""
-    from autotuner.trust.offload import PINNED_HOST_PER_GIB
-
     host = host_bytes if host_bytes is not None else psutil.virtual_memory().available
     simulated_host = backend_for(scenario).simulated_host_bytes
     if simulated_host is not None:
