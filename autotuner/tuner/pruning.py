@@ -4,9 +4,8 @@ reach the SLO-feasible Pareto front any more.
 The study builds a `Pruner` for each trial (`for_study`) and passes it down with the candidate
 (`TrialRunner.run(..., pruner=)`); whoever runs the workload (the live replay in `replay_phase.py`, the
 virtual-time evaluation in `runners.py`) builds a `Partial` from the requests finished so far and asks
-`Pruner.check`; a reason means stop, outcome `pruned`, with the
-partial metrics kept. A pruned trial is an engine run (it counts against the budget) and is never
-feasible.
+`Pruner.check`; a reason means stop, outcome `pruned`, with the partial metrics kept. A pruned trial is
+an engine run (it counts against the budget) and is never feasible.
 
 What each rule claims:
 - SLO miss: a latency percentile's certain lower bound. With n measured requests, the final p-th
