@@ -108,14 +108,14 @@ def measure(
         raise _fail(exc) from None
     log_to_file(sc.name, False)
     from autotuner.backends import backend_for
+    from autotuner.engine.gpu_locks import GpusBusyError
     from autotuner.trial_view import print_trial
-    from autotuner.tuner.trial import GpusBusyError
-    from autotuner.tuner.trial import measure as measure_trial
+    from autotuner.tuner.lifecycle import measure as measure_trial
 
     async def main() -> object:
         backend = backend_for(sc)
         if not backend.runs_process:  # evaluated here, in virtual time
-            from autotuner.tuner.runner import VirtualRunner
+            from autotuner.tuner.runners import VirtualRunner
 
             runner = backend.trial_runner(sc, logs)
             assert isinstance(runner, VirtualRunner)
@@ -276,12 +276,13 @@ def tune(
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
         from autotuner.backends import backend_for
+        from autotuner.durations import parse_duration
+        from autotuner.engine.gpu_locks import GpusBusyError
         from autotuner.store.db import Store, storage_error
         from autotuner.trust.commands import parse_confirm, run_after_tune
         from autotuner.tuner.groups import parse_setting, plan_groups
         from autotuner.tuner.space import build_space
-        from autotuner.tuner.study import Tuner, parse_duration
-        from autotuner.tuner.trial import GpusBusyError
+        from autotuner.tuner.study import Tuner
 
         groups = parse_setting(gpu_groups)
         if isinstance(groups, int):
@@ -410,9 +411,9 @@ def confirm(
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
     """Re-measure the best candidates; mean and 95 % interval per objective, worst memory peak."""
+    from autotuner.engine.gpu_locks import GpusBusyError
     from autotuner.errors import UserInputError
     from autotuner.trust.commands import run_confirm
-    from autotuner.tuner.trial import GpusBusyError
 
     configure_logging()
     try:
@@ -430,11 +431,11 @@ def soak(
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
     """Run the confirmed best under the worst workload the scenario allows; the next one if it fails."""
+    from autotuner.durations import parse_duration
+    from autotuner.engine.gpu_locks import GpusBusyError
     from autotuner.engine.launch import parse_set
     from autotuner.errors import UserInputError
     from autotuner.trust.commands import run_soak
-    from autotuner.tuner.study import parse_duration
-    from autotuner.tuner.trial import GpusBusyError
 
     configure_logging()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from autotuner.tuner.trial import TrialResult
+from autotuner.trials.result import TrialResult
 
 GIB = float(1 << 30)
 

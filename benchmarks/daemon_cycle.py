@@ -60,7 +60,7 @@ def throughputs(db: Path, study: str) -> list[float | None]:
     """Launched search trials in order: their throughput when feasible, else None."""
     import sqlalchemy as sa
 
-    from autotuner.trust import TRUST_KINDS
+    from autotuner.trials.outcomes import TRUST_KINDS
 
     engine = sa.create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
@@ -80,7 +80,7 @@ def throughputs(db: Path, study: str) -> list[float | None]:
 def swap(tmp: Path, trials: int) -> dict[str, Any]:
     from autotuner.scenario import Scenario
     from autotuner.store.db import Store
-    from autotuner.tuner.runner import VirtualRunner
+    from autotuner.tuner.runners import VirtualRunner
     from autotuner.tuner.study import Tuner
     from tests.support.daemon import SCENARIO, make_deployment, tear_down
 
@@ -125,7 +125,7 @@ def swap(tmp: Path, trials: int) -> dict[str, Any]:
 def warm_vs_cold(old_db: Path, old_study: str, cold_trials: int) -> tuple[int, int, float]:
     from autotuner.scenario import Scenario
     from autotuner.store.db import Store
-    from autotuner.tuner.runner import VirtualRunner
+    from autotuner.tuner.runners import VirtualRunner
     from autotuner.tuner.study import Tuner
     from tests.support.daemon import SCENARIO
 

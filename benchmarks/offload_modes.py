@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 
 from autotuner.scenario import FlagValue, Scenario
-from autotuner.tuner import offload_axis as oa
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.trials.scoring import constraints_of, feasible
+from autotuner.tuner import offload_axis
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import offload_limit_gib, offload_shape
-from autotuner.tuner.study import constraints_of, feasible
 
 GPU_16GB = """name: pcie-16gb
 product_name: NVIDIA GeForce RTX 4060 Ti
@@ -98,8 +98,8 @@ def main() -> int:
             base = [{"max-num-batched-tokens": b, "gpu-memory-utilization": u} for b in budgets for u in utils]
             grid = [g for g in gibs if g <= limit]
             none = best(runner, sc, base)
-            uva = best(runner, sc, [{**p, **oa.to_flags("uva", g, shape)} for p in base for g in grid])
-            pre = best(runner, sc, [{**p, **oa.to_flags("prefetch", g, shape)} for p in base for g in grid])
+            uva = best(runner, sc, [{**p, **offload_axis.to_flags("uva", g, shape)} for p in base for g in grid])
+            pre = best(runner, sc, [{**p, **offload_axis.to_flags("prefetch", g, shape)} for p in base for g in grid])
             either = max(uva, pre)
             print(f"{sc.name}: none {none[0]:.1f} tok/s ({none[1]})", flush=True)
             print(f"  uva only {uva[0]:.1f} tok/s ({uva[1]})")

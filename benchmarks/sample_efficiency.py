@@ -53,19 +53,20 @@ import structlog
 import yaml
 from optuna.trial import TrialState
 
-from autotuner.engine import classify as oc
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.scoring import constraints_of, feasible
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import build_space
-from autotuner.tuner.study import Tuner, constraints_of, feasible
+from autotuner.tuner.study import Tuner
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 BUDGET = "max-num-batched-tokens"
 UTIL = "gpu-memory-utilization"
 OFFLOAD = "cpu-offload-gb"
-OOM = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
+OOM = (Outcome.OOM_THRESHOLD, Outcome.OOM_CRASH)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def digest_of(scenario: Scenario) -> str:
     """The scenario as evaluated, plus the simulator's and runner's code: a changed model invalidates."""
     h = hashlib.sha256(json.dumps(scenario.model_dump(mode="json"), sort_keys=True).encode())
     pkg = ROOT / "autotuner"
-    for path in sorted([*(pkg / "sim").glob("*.py"), pkg / "tuner" / "runner.py"]):
+    for path in sorted([*(pkg / "sim").glob("*.py"), pkg / "tuner" / "runners.py"]):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -293,8 +294,8 @@ def run_tuner(case: str, seed: int, n: int, tmp: str, prune: bool = True) -> Tun
                     t.user_attrs.get("metric:output_tokens_per_s"), t.user_attrs.get("metric:ttft_p95_s"))
               for t in launched]
     workload = sum(float(t.user_attrs.get("metric:duration_s") or 0.0) for t in launched)
-    return TunerRun(points, workload, sum(t.user_attrs.get("outcome") == oc.OOM_PREDICTED for t in complete),
-                    sum(t.user_attrs.get("outcome") == oc.PRUNED for t in complete))
+    return TunerRun(points, workload, sum(t.user_attrs.get("outcome") == Outcome.OOM_PREDICTED for t in complete),
+                    sum(t.user_attrs.get("outcome") == Outcome.PRUNED for t in complete))
 
 
 def run_random(scenario: Scenario, ev: Evaluator, seed: int, n: int) -> list[Point]:
@@ -317,7 +318,7 @@ def run_walk(scenario: Scenario, ev: Evaluator, n: int) -> list[Point]:
     while util >= 0.90 - 1e-9 and len(points) < n:  # auto_tune: probe with the largest config
         p = ev({BUDGET: budgets[-1], UTIL: util, OFFLOAD: 0.0})
         points.append(p)
-        if p.outcome not in (oc.STARTUP_FAILED, oc.INVALID_FLAGS):
+        if p.outcome not in (Outcome.STARTUP_FAILED, Outcome.INVALID_FLAGS):
             break
         util = round(util - 0.01, 2)
     probed = util

@@ -43,7 +43,7 @@ def main() -> None:
         os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         from autotuner.scenario import load_scenario
         from autotuner.store.db import Store
-        from autotuner.tuner.runner import MeasureRunner
+        from autotuner.tuner.runners import MeasureRunner
         from autotuner.tuner.study import Tuner
 
         data = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())

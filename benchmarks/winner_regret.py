@@ -44,7 +44,7 @@ from autotuner.analysis.selection import select  # noqa: E402
 from autotuner.scenario import Scenario  # noqa: E402
 from autotuner.store.db import Store  # noqa: E402
 from autotuner.trust.commands import after_tune, runner_factory  # noqa: E402
-from autotuner.tuner.runner import VirtualRunner  # noqa: E402
+from autotuner.tuner.runners import VirtualRunner  # noqa: E402
 from autotuner.tuner.study import Tuner  # noqa: E402
 
 THROUGHPUT = "output_tokens_per_s"

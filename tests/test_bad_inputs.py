@@ -29,8 +29,8 @@ from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.hardware import _FILE_FIELDS, load_gpu
 from autotuner.sim.models import load_model
 from autotuner.store.db import Store
+from autotuner.trials.scoring import threshold_of
 from autotuner.tuner.space import build_space
-from autotuner.tuner.trial import threshold_of
 from autotuner.workload.trace import load_trace
 from tests.support.bad_inputs import CORPUS, scenario_for
 

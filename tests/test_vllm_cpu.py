@@ -16,7 +16,7 @@ import yaml
 
 from autotuner.engine.registry import group_members
 from autotuner.scenario import load_scenario
-from autotuner.tuner.trial import measure
+from autotuner.tuner.lifecycle import measure
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).parent.parent

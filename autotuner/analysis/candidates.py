@@ -10,20 +10,18 @@ from typing import Literal, get_args
 from autotuner.analysis.pareto import knee, metric_value, number, pareto_front
 from autotuner.analysis.slo import Slo
 from autotuner.analysis.study_data import StudyData
-from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
-from autotuner.trust import TRUST_KINDS
-from autotuner.tuner import memory_margin
-from autotuner.tuner.study import constraints_of
-from autotuner.tuner.trial import TrialResult, threshold_of
+from autotuner.trials import memory_margin
+from autotuner.trials.outcomes import TRUST_KINDS, Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import constraints_of, threshold_of
 
 Policy = Literal["max-throughput", "min-ttft", "knee"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 THROUGHPUT = "output_tokens_per_s"
 TTFT = "ttft_p95_s"
-OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
 
 
 @dataclass
@@ -41,7 +39,7 @@ def infeasible_reason(trial: TrialRecord, scenario: Scenario) -> str | None:
     """Why this trial cannot be deployed (None when it can), SLOs aside."""
     if trial.state != "COMPLETE":
         return f"{trial.outcome} (not completed)"
-    if trial.outcome != oc.OK:
+    if trial.outcome != Outcome.OK:
         return trial.outcome
     result = TrialResult(trial.outcome, trial.reason, dict(trial.flags), [], metrics=trial.metrics,
                          memory=trial.memory)

@@ -12,7 +12,7 @@ from autotuner.analysis.pareto import pareto_front
 from autotuner.analysis.slo import Slo
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
-from autotuner.tuner.study import MAX_FAILED_SHARE
+from autotuner.trials.scoring import MAX_FAILED_SHARE
 
 
 def confirmed_bounds(trial: TrialRecord, confirmation: Confirmation) -> TrialRecord:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotuner.engine import classify as oc
 from autotuner.stats import Interval, interval
 from autotuner.store.db import TrialRecord
+from autotuner.trials.outcomes import Outcome
 
 SUMMARISED = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
               "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s")
@@ -78,7 +78,7 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
     out: dict[int, Confirmation] = {}
     for original, rows in runs.items():
         c = Confirmation(original, [r.trial_number for r in rows])
-        ok = [r for r in rows if r.outcome == oc.OK and r.state == "COMPLETE"]
+        ok = [r for r in rows if r.outcome == Outcome.OK and r.state == "COMPLETE"]
         c.bad_runs = [f"trial {r.trial_number}: {r.outcome}" + (f" — {r.reason}" if r.reason else "")
                       for r in rows if r not in ok]
         for metric in SUMMARISED:

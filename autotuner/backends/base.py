@@ -6,7 +6,7 @@ instead of comparing the kind to a string: which trial runner measures a candida
 monitor watches it, which extra argv the engine takes, how the study key names the engine, the GPUs
 and the model, and which preflight and offload checks apply.
 
-Imports: nothing of autotuner at the top but under TYPE_CHECKING (scenario, tuner.runner and store
+Imports: nothing of autotuner at the top but under TYPE_CHECKING (scenario, tuner.runners and store
 import this package, so a top-level import of theirs here would be a cycle); implementations import
 what they need inside their methods.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
     from autotuner.scenario import FlagValue, Scenario
-    from autotuner.tuner.runner import TrialRunner
+    from autotuner.tuner.runners import TrialRunner
 
 
 class Backend(ABC):

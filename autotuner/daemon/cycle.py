@@ -192,7 +192,8 @@ class CycleDriver:
         return self.states.transition(cycle, TUNE)
 
     async def _tune(self, cycle: Cycle) -> Cycle:
-        from autotuner.tuner.study import Tuner, study_name_for
+        from autotuner.tuner.study import Tuner
+        from autotuner.tuner.study_setup import study_name_for
 
         scenario = self.scenario_of(cycle)
         runner = backend_for(scenario).trial_runner(scenario, self.log_dir)

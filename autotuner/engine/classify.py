@@ -11,55 +11,40 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from autotuner.trials.outcomes import Outcome
 from autotuner.vllm.log_patterns import SAMPLER_WARMUP_OOM, TORCH_OOM
-
-OK = "ok"
-OOM_THRESHOLD = "oom-threshold"
-OOM_CRASH = "oom-crash"
-STARTUP_FAILED = "startup-failed"
-INVALID_FLAGS = "invalid-flags"
-TIMEOUT = "timeout"
-CRASH = "crash"
-# Machine faults, never the candidate's: no memory evidence (the sampler failed), and another
-# process's GPU memory grew during the trial. Both are retried, never feasible, never exported.
-MONITOR_FAILED = "monitor-failed"
-INTERFERENCE = "interference"
-# The study's own verdicts, never the engine's: a candidate the memory model rules out (recorded, never
-# launched, no engine time) and a trial stopped during its workload because it could not reach the
-# Pareto front or already missed the SLO by a wide margin (an engine run, partial metrics kept). Both
-# are infeasible: never selected, never exported as a winner.
-OOM_PREDICTED = "oom-predicted"
-PRUNED = "pruned"
 
 # (pattern, outcome before the engine was ready, outcome after), first match wins per line; the most
 # specific failure seen in the whole log wins overall (see _RANK).
-_RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+_RULES: tuple[tuple[re.Pattern[str], Outcome, Outcome], ...] = tuple(
     (re.compile(p), before, after)
     for p, before, after in (
-        (r"error: unrecognized arguments: .*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"error: argument [^:]+: .*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"Value error, .*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"validation error for \w+", INVALID_FLAGS, INVALID_FLAGS),
-        (r"Input should be [^\[]*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"must be divisible by tensor parallel size.*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"World size \(\d+\) is larger than the number of available GPUs.*", INVALID_FLAGS, INVALID_FLAGS),
-        (r"Failed to load model - not enough GPU memory.*", STARTUP_FAILED, STARTUP_FAILED),
-        (r"No available memory for the cache blocks.*", STARTUP_FAILED, STARTUP_FAILED),
-        (r"To serve at least one request with the model's max seq len.*", STARTUP_FAILED, STARTUP_FAILED),
-        (r"Free memory on device .* is less than desired GPU memory utilization.*", STARTUP_FAILED,
-         STARTUP_FAILED),
-        (r"Available memory on node \d+ .* is less than desired CPU memory utilization.*", STARTUP_FAILED,
-         STARTUP_FAILED),
-        (SAMPLER_WARMUP_OOM, STARTUP_FAILED, STARTUP_FAILED),
-        (TORCH_OOM, STARTUP_FAILED, OOM_CRASH),
-        (r"Address already in use.*|could not serve on .*", CRASH, CRASH),
-        (r"Worker proc \S+ died unexpectedly.*", CRASH, CRASH),
-        (r"EngineDeadError: .*", CRASH, CRASH),
-        (r"Engine core initialization failed.*", STARTUP_FAILED, CRASH),
+        (r"error: unrecognized arguments: .*", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"error: argument [^:]+: .*", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"Value error, .*", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"validation error for \w+", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"Input should be [^\[]*", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"must be divisible by tensor parallel size.*", Outcome.INVALID_FLAGS, Outcome.INVALID_FLAGS),
+        (r"World size \(\d+\) is larger than the number of available GPUs.*", Outcome.INVALID_FLAGS,
+         Outcome.INVALID_FLAGS),
+        (r"Failed to load model - not enough GPU memory.*", Outcome.STARTUP_FAILED, Outcome.STARTUP_FAILED),
+        (r"No available memory for the cache blocks.*", Outcome.STARTUP_FAILED, Outcome.STARTUP_FAILED),
+        (r"To serve at least one request with the model's max seq len.*", Outcome.STARTUP_FAILED,
+         Outcome.STARTUP_FAILED),
+        (r"Free memory on device .* is less than desired GPU memory utilization.*", Outcome.STARTUP_FAILED,
+         Outcome.STARTUP_FAILED),
+        (r"Available memory on node \d+ .* is less than desired CPU memory utilization.*", Outcome.STARTUP_FAILED,
+         Outcome.STARTUP_FAILED),
+        (SAMPLER_WARMUP_OOM, Outcome.STARTUP_FAILED, Outcome.STARTUP_FAILED),
+        (TORCH_OOM, Outcome.STARTUP_FAILED, Outcome.OOM_CRASH),
+        (r"Address already in use.*|could not serve on .*", Outcome.CRASH, Outcome.CRASH),
+        (r"Worker proc \S+ died unexpectedly.*", Outcome.CRASH, Outcome.CRASH),
+        (r"EngineDeadError: .*", Outcome.CRASH, Outcome.CRASH),
+        (r"Engine core initialization failed.*", Outcome.STARTUP_FAILED, Outcome.CRASH),
     )
 )
 # When several failures show in one log, the root cause is the most specific one.
-_RANK = {INVALID_FLAGS: 5, OOM_CRASH: 4, STARTUP_FAILED: 3, CRASH: 1}
+_RANK = {Outcome.INVALID_FLAGS: 5, Outcome.OOM_CRASH: 4, Outcome.STARTUP_FAILED: 3, Outcome.CRASH: 1}
 _GENERIC = ("Engine core initialization failed", "EngineDeadError", "validation error for")
 
 _CLEAN = re.compile(r"^Value error, | \[type=.*$")
@@ -81,7 +66,7 @@ def clean_reason(line: str) -> str:
 class LogFacts:
     """What the log says. Feed lines as they arrive; read at any time."""
 
-    failure: str | None = None
+    failure: Outcome | None = None
     reason: str | None = None
     failure_after_ready: bool = False
     kv_cache_tokens: int | None = None

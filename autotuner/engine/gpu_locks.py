@@ -11,9 +11,6 @@ take theirs as `engine` locks: at most one engine holds a GPU, also among this p
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import re
 import threading
 import time
@@ -23,6 +20,7 @@ from types import TracebackType
 
 from autotuner.engine.registry import autotuner_home
 from autotuner.errors import InfrastructureError
+from autotuner.filelocks import read_holder, release, try_exclusive, write_holder
 
 LOCKS_DIR = "locks"
 POLL_S = 0.1
@@ -106,9 +104,7 @@ class GpuLocks:
                 if entry[1] > 0:
                     continue
                 del _held[path]
-            with contextlib.suppress(OSError):
-                os.ftruncate(entry[0], 0)
-            os.close(entry[0])  # closing drops the flock
+            release(entry[0])  # closing drops the flock
 
     def __enter__(self) -> GpuLocks:
         self.acquire()
@@ -121,17 +117,9 @@ class GpuLocks:
 
 def _flock(path: Path, index: int, uuid: str, deadline: float) -> int:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise GpuLockedError(uuid, index, holder, path) from None
-            time.sleep(POLL_S)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    while (fd := try_exclusive(path, 0o600)) is None:
+        if time.monotonic() >= deadline:
+            raise GpuLockedError(uuid, index, read_holder(path), path) from None
+        time.sleep(POLL_S)
+    write_holder(fd)
     return fd

@@ -16,9 +16,9 @@ from autotuner.backends import backend_for
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
-from autotuner.tuner import memory_margin
+from autotuner.trials import memory_margin
+from autotuner.trials.scoring import threshold_of
 from autotuner.tuner.offload_axis import from_flags
-from autotuner.tuner.trial import threshold_of
 from autotuner.units import GIB, change, percent, rate, seconds
 
 # The figures a deployer asks about first, in the order they are shown.

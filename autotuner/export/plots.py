@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from autotuner.analysis.candidates import THROUGHPUT, TTFT, Analysis
 from autotuner.analysis.evidence import confirmations
 from autotuner.store.db import TrialRecord
-from autotuner.trust import TRUST_KINDS
-from autotuner.tuner.trial import threshold_of
+from autotuner.trials.outcomes import TRUST_KINDS
+from autotuner.trials.scoring import threshold_of
 from autotuner.units import GIB
 
 DPI = 110

@@ -10,12 +10,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autotuner.analysis.candidates import OOM_OUTCOMES, analyse, verdict
+from autotuner.analysis.candidates import analyse, verdict
 from autotuner.analysis.slo import scenario_slos
 from autotuner.analysis.study_data import load_study, open_store, read_study
 from autotuner.errors import UserInputError
 from autotuner.secrets import display_url
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS
 from autotuner.tuner.progress import LiveView
 from autotuner.units import flag_value, percent, seconds
 

@@ -14,7 +14,7 @@ from autotuner.analysis.study_data import StudyData
 from autotuner.errors import AutotunerError, UserInputError
 from autotuner.export.certificate import inventory_summary
 from autotuner.monitor import factory
-from autotuner.tuner.runner import model_fingerprint
+from autotuner.tuner.runners import model_fingerprint
 
 
 @dataclass

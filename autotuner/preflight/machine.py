@@ -23,7 +23,7 @@ _FIX_NVML = ("run on a machine whose NVIDIA driver works (`nvidia-smi` lists the
 def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
     """Open the scenario's monitor as a trial would, and read every device once."""
     from autotuner.monitor import busy_devices
-    from autotuner.tuner.trial import monitor_for
+    from autotuner.tuner.gpu_guard import monitor_for
 
     if not backend_for(scenario).uses_box_gpus:  # virtual time: the GPUs are a model
         from autotuner.sim.hardware import load_gpu

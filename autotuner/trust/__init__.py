@@ -4,8 +4,3 @@ workload the scenario allows (soak), check that a requested CPU offload really h
 Called by `autotuner tune` after the study loop and by `autotuner confirm` / `autotuner soak`; the
 evidence is stored as trials of kind `confirm` and `soak`, read back by `export` (summary.py).
 """
-
-TRUST_KINDS = ("confirm", "soak")
-# How many candidates confirmation re-measures, and how often each (`tune --confirm KxR`); the study's early
-# stopping lets that many finish (tuner/pruning.py).
-DEFAULT_TOP, DEFAULT_REPEATS = 3, 3

@@ -20,7 +20,7 @@ from autotuner.store.db import Store
 from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
-from autotuner.tuner.runner import TrialRunner
+from autotuner.tuner.runners import TrialRunner
 
 T = TypeVar("T")
 # Virtual-time runs of a later command start on fresh noise draws, past any the search used.

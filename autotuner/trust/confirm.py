@@ -19,7 +19,8 @@ from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, confirmations, soaks
 from autotuner.analysis.slo import combine
 from autotuner.store.db import TrialRecord
-from autotuner.trust import DEFAULT_REPEATS, DEFAULT_TOP, offload
+from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
+from autotuner.trust import offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 

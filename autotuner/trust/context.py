@@ -13,7 +13,7 @@ from autotuner.analysis.study_data import StudyData, read_study
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import TrialRunner
+from autotuner.tuner.runners import TrialRunner
 from autotuner.tuner.space import Space, build_space
 
 log = structlog.get_logger(__name__)

@@ -11,20 +11,13 @@ asked (UVA) or logged (prefetch, whose flags name layers, not GiB).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from autotuner.backends import backend_for
-from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.trials.result import TrialResult
 from autotuner.tuner.offload_axis import from_flags
-from autotuner.tuner.trial import TrialResult
 
-# Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
-PINNED_HOST_PER_GIB = 1.9
 OFFLOADED = re.compile(r"Total CPU offloaded parameters: ([\d.]+)")
 # Decimal GB, as the prefetch offloader prints them.
 PREFETCHED = re.compile(r"\[PrefetchOffloader\] Initialized (\d+) modules\. Total GPU memory saved: ([\d.]+) GB")
@@ -114,16 +107,3 @@ def _check_prefetch(result: TrialResult, trials: list[TrialRecord], logged: floa
                    f"{loaded:.2f} GiB on the GPU against {ref_gib:.2f} GiB without offload")
     return out
 
-
-def host_ram_problem(scenario: Scenario, flags: Mapping[str, FlagValue], available: int | None = None) -> str | None:
-    """Before a launch: would this offload pin more host RAM than is available now? (None: it fits.)"""
-    gb = float(flags.get("cpu-offload-gb") or 0)  # type: ignore[arg-type]
-    if gb <= 0 or not backend_for(scenario).checks_host_ram:
-        return None
-    tp = scenario.tensor_parallel_size()
-    need = gb * PINNED_HOST_PER_GIB * tp * (1 << 30)
-    free = available if available is not None else psutil.virtual_memory().available
-    if need <= free:
-        return None
-    return (f"--cpu-offload-gb {gb:g} pins about {need / 2**30:.1f} GiB of host RAM ({PINNED_HOST_PER_GIB}x per GPU "
-            f"x TP {tp}, vLLM #56410), but only {free / 2**30:.1f} GiB is available")

@@ -16,9 +16,9 @@ from optuna.trial import TrialState
 
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store, TrialRecord
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import WORST_LATENCY_S, constraints_of, feasible
 from autotuner.tuner.space import Space
-from autotuner.tuner.study import WORST_LATENCY_S, constraints_of, feasible
-from autotuner.tuner.trial import TrialResult
 
 
 def placeholders(study: optuna.Study, directions: list[str]) -> list[float]:

@@ -24,13 +24,15 @@ from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import SoakVerdict, confirmations, soaks
 from autotuner.analysis.slo import combine
 from autotuner.backends import backend_for
-from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.scenario import FlagValue, LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import threshold_of
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
-from autotuner.tuner.trial import TrialResult, peak_concurrency, threshold_of
+from autotuner.tuner.replay_phase import peak_concurrency
 
 log = structlog.get_logger(__name__)
 DEFAULT_DURATION_S = 600.0
@@ -123,7 +125,7 @@ def verdict_of(result: TrialResult, scenario: Scenario, original: int, workload:
     totals = [int(b) for b in totals_raw] if isinstance(totals_raw, list) else [int(totals_raw or 0)] * len(peaks)
     limit = threshold_of(scenario)
     peak = mem.get("peak_fraction")
-    if result.outcome != oc.OK:
+    if result.outcome != Outcome.OK:
         passed, reason = False, f"{result.outcome}: {result.reason}"
     elif failed:
         passed, reason = False, f"{failed} request(s) failed: {result.reason}"

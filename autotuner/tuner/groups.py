@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
+
+if TYPE_CHECKING:
+    import optuna
 
 AUTO = "auto"
 OFF = "off"
@@ -72,7 +76,7 @@ def box_gpus(scenario: Scenario) -> list[int] | None:
     if known is not None:
         return known
     from autotuner.monitor import HostMonitor
-    from autotuner.tuner.trial import monitor_for
+    from autotuner.tuner.gpu_guard import monitor_for
 
     with monitor_for(scenario) as monitor:
         if isinstance(monitor, HostMonitor):
@@ -132,3 +136,12 @@ class GroupSlots:
     def landed(self, number: int) -> list[int]:
         """Trial `number`'s engine is gone: the trials that ran beside it at any time."""
         return sorted(self._running.pop(number, set()))
+
+
+def record_neighbours(trial: optuna.Trial, group: GpuGroup, slots: GroupSlots) -> None:
+    """Noise the numbers carry: the trial's GPUs and the trials that ran beside it (sharing CPU, PCIe
+    and host RAM), on the trial; confirmation re-measures alone."""
+    neighbours = slots.landed(trial.number)
+    if group.gpus is not None:
+        trial.set_user_attr("gpu_group", list(group.gpus))
+        trial.set_user_attr("neighbours", neighbours)

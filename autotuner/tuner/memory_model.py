@@ -45,11 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import FlagValue, Scenario
 from autotuner.store.db import TrialRecord
-from autotuner.trust import TRUST_KINDS
+from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS, Outcome
 from autotuner.tuner import offload_axis
 from autotuner.tuner.scenario_memory import DEFAULT_MAX_NUM_SEQS, MAX_MODEL_LEN, Shape, simulated_card_bytes, step_cap
 from autotuner.tuner.space import Space, offload_shape
@@ -72,7 +71,6 @@ SKIP_CONFIDENCE = 0.9
 PROBE_MAX_P_OVER = 0.2
 # The interval stored with a prediction (two-sided).
 INTERVAL = 0.9
-OOM_OUTCOMES = (oc.OOM_THRESHOLD, oc.OOM_CRASH)
 # The shape's accounting is judged with this slack (a fraction of the card) either way: a candidate
 # cannot start when its KV room is below -slack, surely starts when above +slack.
 STARTUP_SLACK = 0.01
@@ -129,7 +127,7 @@ class MemoryModel:
     def for_scenario(cls, scenario: Scenario, defaults: Mapping[str, FlagValue],
                      records: Sequence[TrialRecord] = ()) -> MemoryModel:
         """A study's model from its recorded trials so far (resume, or a fresh study with none)."""
-        from autotuner.tuner.trial import threshold_of
+        from autotuner.trials.scoring import threshold_of
 
         model = cls(threshold=threshold_of(scenario), step_cap=step_cap(scenario), defaults=dict(defaults),
                     shape=Shape.of(scenario), card_bytes=simulated_card_bytes(scenario),
@@ -163,17 +161,17 @@ class MemoryModel:
             self.total_bytes = min(totals)
         x = self.features(flags)
         peak = memory.get("peak_fraction")
-        if outcome == oc.STARTUP_FAILED and reason and any(s in reason for s in _NO_ROOM):
+        if outcome == Outcome.STARTUP_FAILED and reason and any(s in reason for s in _NO_ROOM):
             self.no_room.append((trial_number, {BUDGET: x[2] * TOKENS, UTIL: x[1], OFFLOAD: x[4] * 100.0}))
             return
         if outcome in OOM_OUTCOMES:
             self.ran_out.append((trial_number, dict(flags)))
-            bound = 1.0 if outcome == oc.OOM_CRASH else max(float(peak or 0.0), self.limit_fraction)
+            bound = 1.0 if outcome == Outcome.OOM_CRASH else max(float(peak or 0.0), self.limit_fraction)
             self.observations.append(Observation(trial_number, x, bound, True))
-        elif outcome == oc.PRUNED and peak:
+        elif outcome == Outcome.PRUNED and peak:
             # Stopped early: the peak so far is a lower bound of the whole run's.
             self.observations.append(Observation(trial_number, x, float(peak), True))
-        elif outcome == oc.OK and peak:
+        elif outcome == Outcome.OK and peak:
             self.observations.append(Observation(trial_number, x, float(peak), False))
         else:
             return

@@ -1,11 +1,11 @@
 """Stop a hopeless trial during its workload: it already misses an SLO by a wide margin, or it cannot
 reach the SLO-feasible Pareto front any more.
 
-The study sets a `Pruner` in the `judge` context variable before a trial; whoever runs the workload
-(the live replay in `trial.py`, the virtual-time evaluation in `runner.py`) builds a `Partial` from the
-requests finished so far and asks `Pruner.check`; a reason means stop, outcome `pruned`, with the
-partial metrics kept. A pruned trial is an engine run (it counts against the budget) and is never
-feasible.
+The study builds a `Pruner` for each trial (`for_study`) and passes it down with the candidate
+(`TrialRunner.run(..., pruner=)`); whoever runs the workload (the live replay in `replay_phase.py`, the
+virtual-time evaluation in `runners.py`) builds a `Partial` from the requests finished so far and asks
+`Pruner.check`; a reason means stop, outcome `pruned`, with the partial metrics kept. A pruned trial is
+an engine run (it counts against the budget) and is never feasible.
 
 What each rule claims:
 - SLO miss: a latency percentile's certain lower bound. With n measured requests, the final p-th
@@ -29,11 +29,16 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import optuna
+from optuna.trial import TrialState
+
+from autotuner.scenario import Scenario
 from autotuner.stats import percentile
+from autotuner.trials.outcomes import TRUST_KINDS
+from autotuner.trials.scoring import DEFAULT_TOP
 from autotuner.workload.replay import CANCELLED, Replayer, ReplayResult
 
 SLO_MARGIN = 1.25
@@ -170,8 +175,16 @@ def _confidence(z: float) -> float:
     return NormalDist().cdf(z)
 
 
-# Set by the study around one trial; read by whoever replays the workload.
-judge: ContextVar[Pruner | None] = ContextVar("pruning_judge", default=None)
+def for_study(study: optuna.Study, scenario: Scenario) -> Pruner:
+    """The pruner of the study's next trial. Every feasible trial, not only the front: a trial is stopped
+    only when enough of them beat it for confirmation's candidates (the front and its runners-up) to be
+    complete without it."""
+    objectives = [o.metric for o in scenario.objectives]
+    directions = [o.direction for o in scenario.objectives]
+    feasible = [FrontPoint(t.number, dict(zip(objectives, t.values, strict=True)))
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get("feasible") and t.user_attrs.get("kind") not in TRUST_KINDS]
+    return Pruner(scenario.slos, list(zip(objectives, directions, strict=True)), feasible, keep=DEFAULT_TOP)
 
 
 def from_replay(replay: ReplayResult, now: float) -> Partial:

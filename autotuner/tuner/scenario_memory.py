@@ -66,7 +66,7 @@ class Shape:
 def step_cap(scenario: Scenario) -> float:
     """Most prompt tokens one step can hold: the streams in flight times the longest prompt (inf when
     the workload does not say, e.g. a trace)."""
-    from autotuner.tuner.trial import peak_concurrency
+    from autotuner.tuner.replay_phase import peak_concurrency
 
     r = scenario.workload.requests
     if r.kind != "synthetic" or r.prompt_tokens is None:

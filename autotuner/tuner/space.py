@@ -17,7 +17,8 @@ import structlog
 from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import FlagValue, Scenario, SearchParam
-from autotuner.tuner import offload_axis as oa
+from autotuner.tuner import offload_axis
+from autotuner.tuner.host_ram import PINNED_HOST_PER_GIB
 from autotuner.vllm import ModelLimits, Platform, knowledge_for
 
 log = structlog.get_logger(__name__)
@@ -54,8 +55,6 @@ def default_space(scenario: Scenario) -> dict[str, SearchParam]:
 def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> float:
     """GiB per GPU that can be offloaded with the host RAM available now: each of the TP workers pins
     about 1.9× the amount asked (vLLM #56410 measured 1.9×), within a share of what is available."""
-    from autotuner.trust.offload import PINNED_HOST_PER_GIB
-
     host = host_bytes if host_bytes is not None else psutil.virtual_memory().available
     simulated_host = backend_for(scenario).simulated_host_bytes
     if simulated_host is not None:
@@ -79,24 +78,24 @@ def _weights_per_gpu_gib(scenario: Scenario) -> float | None:
     return model.weight_bytes / scenario.tensor_parallel_size() / GIB
 
 
-def offload_shape(scenario: Scenario) -> oa.LayerShape | None:
+def offload_shape(scenario: Scenario) -> offload_axis.LayerShape | None:
     """The model's layers per GPU, for the offload axis's prefetch plans; None for a hub name offline."""
-    return oa.per_gpu(oa.layer_shape(scenario.engine.model), scenario.tensor_parallel_size())
+    return offload_axis.per_gpu(offload_axis.layer_shape(scenario.engine.model), scenario.tensor_parallel_size())
 
 
 @dataclass(frozen=True)
 class Space:
     params: dict[str, SearchParam]
     distributions: dict[str, optuna.distributions.BaseDistribution]
-    offload_shape: oa.LayerShape | None = None  # set when the space searches the offload axis
+    offload_shape: offload_axis.LayerShape | None = None  # set when the space searches the offload axis
 
     def to_flags(self, params: Mapping[str, Any]) -> dict[str, FlagValue]:
         flags: dict[str, FlagValue] = {}
-        if oa.MODE in self.distributions:
+        if offload_axis.MODE in self.distributions:
             params = dict(params)
-            mode = str(params.pop(oa.MODE, "none"))
-            freed = float(params.pop(oa.FREED, 0.0) or 0.0)
-            flags.update(oa.to_flags(mode, freed, self.offload_shape))
+            mode = str(params.pop(offload_axis.MODE, "none"))
+            freed = float(params.pop(offload_axis.FREED, 0.0) or 0.0)
+            flags.update(offload_axis.to_flags(mode, freed, self.offload_shape))
         for name, value in params.items():
             p = self.params.get(name)
             if p is not None and p.type == "int":
@@ -111,9 +110,9 @@ class Space:
         """Params for `enqueue_trial` from flags: only the space's names, values clamped into range
         (Optuna would use an out-of-range value as it is) and typed like the distribution."""
         out: dict[str, Any] = {}
-        if oa.MODE in self.distributions:
-            mode, freed = oa.from_flags(flags, self.offload_shape)
-            flags = {**flags, oa.MODE: mode, oa.FREED: freed}
+        if offload_axis.MODE in self.distributions:
+            mode, freed = offload_axis.from_flags(flags, self.offload_shape)
+            flags = {**flags, offload_axis.MODE: mode, offload_axis.FREED: freed}
         for name, dist in self.distributions.items():
             if name not in flags:
                 continue
@@ -144,9 +143,9 @@ def build_space(scenario: Scenario, host_bytes: int | None = None) -> Space:
                                 "engine.flags; a flag is either fixed or searched")
         high = p.high
         if high == "auto":
-            if name not in ("cpu-offload-gb", oa.FREED):
+            if name not in ("cpu-offload-gb", offload_axis.FREED):
                 raise ScenarioError(f"search_space.{raw_name}.high: 'auto' is only known for cpu-offload-gb and "
-                                    f"{oa.FREED}")
+                                    f"{offload_axis.FREED}")
             high = offload_limit_gib(scenario, host_bytes)
         if p.type == "int":
             assert p.low is not None and high is not None
@@ -170,31 +169,32 @@ def build_space(scenario: Scenario, host_bytes: int | None = None) -> Space:
 
 
 def _offload_axis(scenario: Scenario, dists: Mapping[str, optuna.distributions.BaseDistribution]
-                  ) -> oa.LayerShape | None:
+                  ) -> offload_axis.LayerShape | None:
     """Check the offload axis (`offload-mode` with `offload-gib`, instead of the raw offload flags) and
     return the layer shape its prefetch plans need."""
     where = scenario.source or "scenario"
-    mode = dists.get(oa.MODE)
+    mode = dists.get(offload_axis.MODE)
     if mode is None:
-        if oa.FREED in dists:
-            raise ScenarioError(f"{where}: search_space.{oa.FREED} needs search_space.{oa.MODE} (categorical, "
-                                f"choices from {', '.join(oa.MODES)})")
+        if offload_axis.FREED in dists:
+            raise ScenarioError(f"{where}: search_space.{offload_axis.FREED} needs search_space.{offload_axis.MODE} "
+                                f"(categorical, choices from {', '.join(offload_axis.MODES)})")
         return None
     if not isinstance(mode, optuna.distributions.CategoricalDistribution) or not mode.choices or \
-            any(c not in oa.MODES for c in mode.choices):
-        raise ScenarioError(f"{where}: search_space.{oa.MODE} must be categorical with choices from "
-                            f"{', '.join(oa.MODES)}")
-    if oa.FREED not in dists:
-        raise ScenarioError(f"{where}: search_space.{oa.MODE} needs search_space.{oa.FREED} (float, GiB freed "
-                            "per GPU, e.g. low 0.5, high auto, step 0.5)")
-    clash = [f for f in (oa.UVA_FLAG, oa.BACKEND_FLAG, oa.GROUP_FLAG, oa.IN_GROUP_FLAG, oa.STEP_FLAG)
-             if f in dists or f in scenario.engine.flags]
+            any(c not in offload_axis.MODES for c in mode.choices):
+        raise ScenarioError(f"{where}: search_space.{offload_axis.MODE} must be categorical with choices from "
+                            f"{', '.join(offload_axis.MODES)}")
+    if offload_axis.FREED not in dists:
+        raise ScenarioError(f"{where}: search_space.{offload_axis.MODE} needs search_space.{offload_axis.FREED} "
+                            "(float, GiB freed per GPU, e.g. low 0.5, high auto, step 0.5)")
+    offload_flags = (offload_axis.UVA_FLAG, offload_axis.BACKEND_FLAG, offload_axis.GROUP_FLAG,
+                     offload_axis.IN_GROUP_FLAG, offload_axis.STEP_FLAG)
+    clash = [f for f in offload_flags if f in dists or f in scenario.engine.flags]
     if clash:
-        raise ScenarioError(f"{where}: search_space.{oa.MODE} sets the offload flags itself; leave out "
+        raise ScenarioError(f"{where}: search_space.{offload_axis.MODE} sets the offload flags itself; leave out "
                             f"--{', --'.join(clash)} from search_space and engine.flags")
     shape = offload_shape(scenario)
     if "prefetch" in mode.choices and shape is None:
-        raise ScenarioError(f"{where}: search_space.{oa.MODE}: prefetch needs the model's layers, which "
+        raise ScenarioError(f"{where}: search_space.{offload_axis.MODE}: prefetch needs the model's layers, which "
                             f"{scenario.engine.model!r} does not give offline; use a local directory with "
                             "config.json, or leave prefetch out of the choices")
     return shape

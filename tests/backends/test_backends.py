@@ -16,7 +16,7 @@ from autotuner.backends.base import Backend as BaseBackend
 from autotuner.engine.launch import plan_launch
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import EngineSettings, Scenario
-from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
+from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner
 
 REGISTRY = Path(autotuner.__file__).parent / "backends" / "registry.py"
 FLAGS = ("simulated", "runs_process", "uses_box_gpus", "accepts_unknown_flags", "checks_host_ram")

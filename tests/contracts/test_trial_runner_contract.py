@@ -34,13 +34,13 @@ import pytest
 import yaml
 
 from autotuner.analysis.slo import METRICS as SLO_METRICS
-from autotuner.engine import classify as oc
 from autotuner.engine.registry import EngineEntry, EngineRegistry
 from autotuner.scenario import FlagValue, Scenario, load_scenario
 from autotuner.sim.args import VLLM_VERSION
 from autotuner.sim.gpu_state import GpuHost, state_dir_from_env
-from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
-from autotuner.tuner.trial import TrialResult
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner
 from autotuner.workload.summary import summarize
 from tests.support.quickstart import set_path
 from tests.support.waiting import wait_for
@@ -178,7 +178,7 @@ def known_bug(request: pytest.FixtureRequest, kind: str, broken: str, reason: st
 def test_a_safe_candidate_is_ok_and_serves_every_request(kind: str, trials: Trials, tmp_path: Path) -> None:
     ran = trials.get(kind, "safe", tmp_path)
     r = ran.result
-    assert r.outcome == oc.OK and r.feasible, r.reason
+    assert r.outcome == Outcome.OK and r.feasible, r.reason
     assert r.reason is None
     assert r.metrics["completed"] == REQUESTS and r.metrics["failed"] == 0
     for key in ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
@@ -246,7 +246,7 @@ def test_a_trial_on_a_gpu_group_is_measured_on_that_group(request: pytest.Fixtur
     """`gpus`: the trial's own GPU group when trials run side by side (TrialRunner.run)."""
     known_bug(request, kind, "sim-virtual", VIRTUAL_GPUS)
     r = trials.get(kind, "on-gpus-4-5", tmp_path).result
-    assert r.outcome == oc.OK, r.reason
+    assert r.outcome == Outcome.OK, r.reason
     assert r.memory["devices"] == [4, 5]
 
 
@@ -263,7 +263,7 @@ def test_nothing_of_a_trial_outlives_run(kind: str, case: str, trials: Trials, t
 
 def test_crossing_the_oom_threshold_is_recorded_not_raised(kind: str, trials: Trials, tmp_path: Path) -> None:
     r = trials.get(kind, "over-threshold", tmp_path).result
-    assert r.outcome == oc.OOM_THRESHOLD and not r.feasible
+    assert r.outcome == Outcome.OOM_THRESHOLD and not r.feasible
     assert "threshold" in (r.reason or "")
     fraction = r.memory["peak_fraction"]
     assert isinstance(fraction, float) and fraction >= THRESHOLD
@@ -271,7 +271,7 @@ def test_crossing_the_oom_threshold_is_recorded_not_raised(kind: str, trials: Tr
 
 def test_a_failed_allocation_is_an_oom_crash(kind: str, trials: Trials, tmp_path: Path) -> None:
     r = trials.get(kind, "allocation-fails", tmp_path).result
-    assert r.outcome == oc.OOM_CRASH and not r.feasible
+    assert r.outcome == Outcome.OOM_CRASH and not r.feasible
     assert (r.reason or "").startswith("torch.OutOfMemoryError: CUDA out of memory.")
 
 
@@ -279,7 +279,7 @@ def test_no_room_for_the_kv_cache_is_a_startup_failure_in_the_engines_words(kind
                                                                             tmp_path: Path) -> None:
     """The memory model learns the utilization floor from this phrase (tuner/memory_model.py)."""
     r = trials.get(kind, "no-kv-room", tmp_path).result
-    assert r.outcome == oc.STARTUP_FAILED, r.reason
+    assert r.outcome == Outcome.STARTUP_FAILED, r.reason
     assert "No available memory for the cache blocks" in (r.reason or "")
     assert r.metrics.get("completed") in (None, 0)
 
@@ -297,7 +297,7 @@ def test_invalid_flags_are_an_outcome_with_vllms_message(request: pytest.Fixture
     """Recorded, not raised: the sampler learns the rule; the reason is vLLM's line, without the pydantic
     decoration ("Value error, " and " [type=...]") that the log classifier strips."""
     r = trials.get(kind, case, tmp_path).result
-    assert r.outcome == oc.INVALID_FLAGS and not r.feasible
+    assert r.outcome == Outcome.INVALID_FLAGS and not r.feasible
     reason = r.reason or ""
     assert "\n" not in reason
     assert reason.endswith(words)

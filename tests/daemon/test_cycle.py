@@ -21,7 +21,7 @@ import yaml
 from autotuner.daemon.state import cycles, events
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 from tests.support.daemon import INITIAL, SCENARIO
 from tests.support.waiting import wait_for

@@ -10,7 +10,7 @@ from autotuner.export.exporter import run_export
 from autotuner.monitor import factory
 from autotuner.monitor.base import NvmlUnavailableError
 from autotuner.scenario import Scenario
-from autotuner.tuner.runner import model_fingerprint
+from autotuner.tuner.runners import model_fingerprint
 from tests.support.studies import RTX_3090, FakeGpus, MakeStudy, StudyDb, key_for
 
 A100 = ("NVIDIA A100-SXM4-80GB", 85899345920)

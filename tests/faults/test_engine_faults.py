@@ -20,9 +20,10 @@ from optuna.trial import TrialState
 from autotuner.engine.registry import EngineRegistry, group_members
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import MeasureRunner
+from autotuner.trials.result import TrialResult
+from autotuner.tuner.lifecycle import measure
+from autotuner.tuner.runners import MeasureRunner
 from autotuner.tuner.study import Tuner
-from autotuner.tuner.trial import TrialResult, measure
 from tests.support.faults import assert_engine_gone, fault_scenario, registry_empty, sim_scenario
 
 

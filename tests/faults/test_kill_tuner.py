@@ -20,7 +20,7 @@ import pytest
 from autotuner.engine.registry import group_members
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 from tests.support.faults import (
     child_env,

@@ -19,9 +19,10 @@ from autotuner.engine.registry import EngineRegistry
 from autotuner.scenario import FlagValue, load_scenario
 from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
 from autotuner.store.db import Store
-from autotuner.tuner.runner import MeasureRunner
+from autotuner.trials.result import Phase, TrialResult
+from autotuner.tuner.pruning import Pruner
+from autotuner.tuner.runners import MeasureRunner
 from autotuner.tuner.study import Tuner
-from autotuner.tuner.trial import Phase, TrialResult
 from tests.support.faults import assert_engine_gone, registry_empty, sim_scenario
 
 
@@ -33,8 +34,8 @@ class RecordingRunner(MeasureRunner):
         self.attempts: list[TrialResult] = []
 
     async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
-                  gpus: Sequence[int] | None = None) -> TrialResult:
-        result = await super().run(flags, on_phase, gpus=gpus)
+                  gpus: Sequence[int] | None = None, pruner: Pruner | None = None) -> TrialResult:
+        result = await super().run(flags, on_phase, gpus=gpus, pruner=pruner)
         self.attempts.append(result)
         return result
 

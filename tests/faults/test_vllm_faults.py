@@ -16,7 +16,7 @@ import yaml
 
 from autotuner.engine.registry import group_members
 from autotuner.scenario import load_scenario
-from autotuner.tuner.trial import measure
+from autotuner.tuner.lifecycle import measure
 from tests.support.faults import ROOT, assert_engine_gone, registry_empty
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]

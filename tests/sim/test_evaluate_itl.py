@@ -7,7 +7,7 @@ import pytest
 from autotuner.scenario import Scenario
 from autotuner.sim.args import build_config, parse_args
 from autotuner.sim.evaluate import EvalRequest, evaluate
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 
 
 def _config():  # type: ignore[no-untyped-def]

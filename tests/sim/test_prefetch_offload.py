@@ -11,6 +11,7 @@ from autotuner.scenario import Scenario
 from autotuner.sim.args import VllmArgError, build_config, parse_args
 from autotuner.sim.evaluate import SyntheticWorkload, evaluate
 from autotuner.sim.memory import plan_startup, prefetch_init_line
+from autotuner.trials.outcomes import Outcome
 from autotuner.trust.offload import PREFETCHED
 from autotuner.tuner.offload_axis import LayerShape, from_flags, prefetch_plan, to_flags
 from autotuner.tuner.space import FlagRules
@@ -45,7 +46,7 @@ def test_invalid_prefetch_flags_are_refused_like_vllm_by_both_tuner_and_simulato
     with pytest.raises(VllmArgError) as info:
         config(*argv)
     assert info.value.exit_code == 1 and message in info.value.message
-    assert classify.classify(info.value.message.splitlines()).failure == classify.INVALID_FLAGS
+    assert classify.classify(info.value.message.splitlines()).failure == Outcome.INVALID_FLAGS
     scenario = Scenario.model_validate({"engine": {"kind": "sim", "model": "llama-3-70b",
                                                    "sim": {"gpu": "rtx-3090", "gpus": 8}}})
     rules = FlagRules(scenario, ["NVIDIA GeForce RTX 3090 (23.69 GiB, simulated)"] * 8, "0.32.0 (simulated)")

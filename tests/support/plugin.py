@@ -147,7 +147,7 @@ def study_db(tmp_path_factory: pytest.TempPathFactory) -> StudyDb:
 
     from autotuner.scenario import load_scenario
     from autotuner.store.db import Store
-    from autotuner.tuner.runner import VirtualRunner
+    from autotuner.tuner.runners import VirtualRunner
     from autotuner.tuner.study import Tuner
 
     tmp = tmp_path_factory.mktemp("study")

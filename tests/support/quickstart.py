@@ -15,7 +15,7 @@ import yaml
 
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 
 ROOT = Path(__file__).parent.parent.parent

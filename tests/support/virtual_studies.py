@@ -16,7 +16,7 @@ from autotuner.store.db import Store
 from autotuner.trust.commands import after_tune, runner_factory
 from autotuner.trust.confirm import ConfirmReport
 from autotuner.trust.soak import SoakReport
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 
 # Llama-2-7B on one RTX 4090, prompts up to 3000 tokens: a run takes ~0.3 s of CPU.

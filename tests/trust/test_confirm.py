@@ -13,8 +13,8 @@ from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
 from autotuner.export.report import run_report
-from autotuner.tuner.runner import VirtualRunner
-from autotuner.tuner.study import launched_trials
+from autotuner.tuner.budget import launched_trials
+from autotuner.tuner.runners import VirtualRunner
 from tests.support.virtual_studies import Tuned, scenario, tune
 
 UTIL = "gpu-memory-utilization"

@@ -14,9 +14,9 @@ from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.store.db import TrialRecord
+from autotuner.trials.result import TrialResult
 from autotuner.trust.offload import check, logged_offload_gib
-from autotuner.tuner.runner import VirtualRunner
-from autotuner.tuner.trial import TrialResult
+from autotuner.tuner.runners import VirtualRunner
 from tests.support.sim import SimServer
 from tests.support.virtual_studies import scenario, tune
 
@@ -116,7 +116,7 @@ def test_offload_bound_leaves_room_for_the_pinned_copy() -> None:
 
 
 def test_an_offload_the_host_cannot_pin_is_not_launched() -> None:
-    from autotuner.trust.offload import host_ram_problem
+    from autotuner.tuner.host_ram import host_ram_problem
 
     sc = scenario(**{"engine.kind": "vllm", "engine.model": "some/model", "engine.flags": {"tensor-parallel-size": 2}})
     assert host_ram_problem(sc, {OFFLOAD: 8}, available=40 << 30) is None  # 8 × 1.9 × 2 = 30.4 GiB fits

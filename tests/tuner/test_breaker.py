@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotuner.engine import classify as oc
 from autotuner.store.db import Store
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
 from autotuner.tuner.breaker import CircuitBreaker, machine_fault_reason
-from autotuner.tuner.study import TuneSummary, _machine_fault
-from autotuner.tuner.trial import TrialResult
+from autotuner.tuner.infra_retry import _machine_fault
+from autotuner.tuner.tune_summary import TuneSummary
 
 CUDA_ERROR = ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
               "calling NumCudaDevices() that might have caused CUDA init? Error 803: system has unsupported "
@@ -48,20 +49,20 @@ def result(outcome: str, reason: str | None, tail: list[str] | None = None) -> T
 
 
 @pytest.mark.parametrize(("trial", "machine"), [
-    (result(oc.CRASH, "engine exited with code 1 during startup", ["INFO starting", CUDA_ERROR]), True),
-    (result(oc.STARTUP_FAILED, "Engine core initialization failed. See root cause above.",
+    (result(Outcome.CRASH, "engine exited with code 1 during startup", ["INFO starting", CUDA_ERROR]), True),
+    (result(Outcome.STARTUP_FAILED, "Engine core initialization failed. See root cause above.",
             ["OSError: /models/x is not a local folder and is not a valid model identifier listed on "
              "'https://huggingface.co/models'"]), True),
-    (result(oc.CRASH, "engine exited with code 1 during startup",
+    (result(Outcome.CRASH, "engine exited with code 1 during startup",
             ["FileNotFoundError: [Errno 2] No such file or directory: '/models/llama/config.json'"]), True),
-    (result(oc.STARTUP_FAILED, "No available memory for the cache blocks. Try increasing "
+    (result(Outcome.STARTUP_FAILED, "No available memory for the cache blocks. Try increasing "
             "`gpu_memory_utilization`", ["No such file or directory: '/tmp/noise'"]), False),
-    (result(oc.OOM_CRASH, "torch.OutOfMemoryError: CUDA out of memory.", [CUDA_ERROR]), False),
-    (result(oc.INVALID_FLAGS, "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128).",
+    (result(Outcome.OOM_CRASH, "torch.OutOfMemoryError: CUDA out of memory.", [CUDA_ERROR]), False),
+    (result(Outcome.INVALID_FLAGS, "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (128).",
             []), False),
-    (result(oc.CRASH, "engine exited with code 1 during startup", ["ValueError: something about the config"]),
+    (result(Outcome.CRASH, "engine exited with code 1 during startup", ["ValueError: something about the config"]),
      False),
-    (result(oc.TIMEOUT, "engine not ready within engine.startup_timeout_s", ["No such file or directory"]), False),
+    (result(Outcome.TIMEOUT, "engine not ready within engine.startup_timeout_s", ["No such file or directory"]), False),
 ])
 def test_what_counts_as_the_machines_fault(trial: TrialResult, machine: bool) -> None:
     assert (_machine_fault(trial) is not None) == machine

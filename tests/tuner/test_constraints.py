@@ -8,11 +8,11 @@ import time
 import pytest
 
 from autotuner.analysis.candidates import infeasible_reason
-from autotuner.engine import classify as oc
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
-from autotuner.tuner.study import constraints_of, feasible
-from autotuner.tuner.trial import TrialResult, threshold_of
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import constraints_of, feasible, threshold_of
 
 GIB = 2**30
 MIB = 2**20
@@ -23,7 +23,7 @@ def scenario(**threshold: float) -> Scenario:
     return Scenario.model_validate({"engine": {"kind": "sim", "model": "llama-2-7b"}, "oom_threshold": threshold})
 
 
-def result(peak_bytes: int, outcome: str = oc.OK) -> TrialResult:
+def result(peak_bytes: int, outcome: str = Outcome.OK) -> TrialResult:
     return TrialResult(outcome, None, {}, [], metrics={"completed": 8, "failed": 0, "output_tokens_per_s": 100.0,
                                                         "ttft_p95_s": 1.0},
                        memory={"peak_bytes": [peak_bytes, GIB], "total_bytes": [TOTAL, TOTAL],
@@ -47,13 +47,13 @@ def test_min_free_mib_is_the_threshold_of_the_constraints() -> None:
 
 
 def test_a_cuda_oom_is_past_a_min_free_threshold_too() -> None:
-    c = constraints_of(result(GIB, outcome=oc.OOM_CRASH), scenario(min_free_mib=2048))
+    c = constraints_of(result(GIB, outcome=Outcome.OOM_CRASH), scenario(min_free_mib=2048))
     assert c["memory"] > 2048 * MIB / TOTAL
 
 
 def test_export_feasibility_uses_min_free_mib() -> None:
     r = result(PEAK)
-    record = TrialRecord(1, "search", oc.OK, None, "COMPLETE", {}, {"metrics": r.metrics, "memory": r.memory},
+    record = TrialRecord(1, "search", Outcome.OK, None, "COMPLETE", {}, {"metrics": r.metrics, "memory": r.memory},
                          started_at=time.time(), finished_at=time.time())
     assert infeasible_reason(record, scenario()) is None
     why = infeasible_reason(record, scenario(min_free_mib=2048))

@@ -18,10 +18,11 @@ import structlog
 
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
-from autotuner.tuner.runner import MeasureRunner
+from autotuner.tuner.gpu_guard import ensure_sim_gpus
+from autotuner.tuner.lifecycle import measure
+from autotuner.tuner.runners import MeasureRunner
 from autotuner.tuner.space import build_space, fit_utilization_to_free
 from autotuner.tuner.study import Tuner
-from autotuner.tuner.trial import ensure_sim_gpus, measure
 from tests.support.quickstart import scenario
 from tests.support.sim_gpus import hold
 

@@ -25,8 +25,8 @@ from autotuner.errors import UserInputError
 from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import HOLDERS_DIR
 from autotuner.store.db import Store
+from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.groups import WHOLE_BOX, GroupSlots, gpus_per_trial, parse_setting, plan_groups
-from autotuner.tuner.study import launched_trials
 from tests.support.quickstart import optuna_trials, tune_cmd
 
 MIB = 1 << 20

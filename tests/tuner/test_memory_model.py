@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
-from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.models import load_model
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
 from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel
 from autotuner.tuner.memory_repair import repair
 from autotuner.tuner.memory_warm_start import rescale
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import build_space
-from autotuner.tuner.trial import TrialResult
 from tests.support.quickstart import quickstart
 
 # peak / total = 0.02 + 1.0 util + 0.03 per 10k budget tokens + 0.09 per 10k step tokens − 0.2 per 100 GiB offload
@@ -44,7 +44,7 @@ def test_recovers_known_coefficients_and_the_interval_shrinks() -> None:
     for n in range(40):
         flags = random_flags(rng)
         peak = true_peak(flags) + rng.gauss(0, 0.002)
-        model.observe(n, flags, oc.OK, {"peak_fraction": peak, "total_bytes": [24 << 30]})
+        model.observe(n, flags, Outcome.OK, {"peak_fraction": peak, "total_bytes": [24 << 30]})
         if n + 1 in (3, 10, 40):
             p = model.predict(probe)
             widths.append(p.high - p.low)
@@ -66,14 +66,14 @@ def test_screen_needs_confidence_and_oom_bounds_count() -> None:
     assert model.screen(over) is None, "no measurement yet: the prior alone judges nothing"
     for n in range(12):
         flags = random_flags(rng)
-        model.observe(n, flags, oc.OK, {"peak_fraction": true_peak(flags), "total_bytes": [24 << 30]})
+        model.observe(n, flags, Outcome.OK, {"peak_fraction": true_peak(flags), "total_bytes": [24 << 30]})
     skip = model.screen(over)
     assert skip is not None and skip.p_over >= 0.9 and skip.low > 0.97 - 0.05
     assert "predicted peak" in skip.reason and skip.to_attrs()["predicted:p_over"] == skip.p_over
     assert model.screen(under) is None
     # A trial that ran out of memory: everything at least as large is ruled out, with certainty.
     oom = {BUDGET: 4096, UTIL: 0.93, OFFLOAD: 0.0}
-    model.observe(99, oom, oc.OOM_CRASH, {"peak_fraction": 1.0})
+    model.observe(99, oom, Outcome.OOM_CRASH, {"peak_fraction": 1.0})
     ruled = model.screen({BUDGET: 8192, UTIL: 0.93, OFFLOAD: 0.0})
     assert ruled is not None and ruled.blocker == 99 and ruled.p_over == 1.0
 
@@ -92,7 +92,7 @@ def test_fits_the_simulator_and_rescales_to_another_model(tmp_path: Path) -> Non
         result = runner.evaluate(flags)
         if n < 12:
             model.observe(n, flags, result.outcome, result.memory, result.reason)
-        elif result.outcome == oc.OK:
+        elif result.outcome == Outcome.OK:
             held_out.append((flags, result.memory["peak_fraction"]))
     assert held_out and space
     errors = [abs(model.predict(f).peak_fraction - peak) for f, peak in held_out]
@@ -124,12 +124,12 @@ def test_the_shape_rules_out_what_cannot_start_before_any_failure() -> None:
     cannot = {**scenario.engine.flags, UTIL: 0.70, BUDGET: 8192, OFFLOAD: 0.0}
     skip = model.screen(cannot)
     assert skip is not None and skip.reason.startswith("cannot start"), skip
-    assert runner.evaluate(cannot).outcome == oc.STARTUP_FAILED  # the simulator agrees
+    assert runner.evaluate(cannot).outcome == Outcome.STARTUP_FAILED  # the simulator agrees
     can = {**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 0.0}
     assert model.screen(can) is None
-    assert runner.evaluate(can).outcome != oc.STARTUP_FAILED
+    assert runner.evaluate(can).outcome != Outcome.STARTUP_FAILED
     # A measurement beats the shape: a trial that started with less room says the shape was wrong.
-    model.observe(1, {**cannot, UTIL: 0.70, BUDGET: 16384}, oc.OK, {"peak_fraction": 0.75})
+    model.observe(1, {**cannot, UTIL: 0.70, BUDGET: 16384}, Outcome.OK, {"peak_fraction": 0.75})
     assert model.screen(cannot) is None
 
 
@@ -147,7 +147,7 @@ def test_offload_is_screened_only_when_not_needed() -> None:
     assert big_model.screen({**big.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 10.0}) is None
     assert big_model.screen({**big.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 0.0}) is not None
     # A measured startup failure without offload makes offload needed, whatever the shape says.
-    model.observe(2, {UTIL: 0.95, BUDGET: 256, OFFLOAD: 0.0}, oc.STARTUP_FAILED, {},
+    model.observe(2, {UTIL: 0.95, BUDGET: 256, OFFLOAD: 0.0}, Outcome.STARTUP_FAILED, {},
                   "ValueError: No available memory for the cache blocks.")
     assert model.screen({**scenario.engine.flags, UTIL: 0.90, BUDGET: 1024, OFFLOAD: 4.0}) is None
 
@@ -161,7 +161,7 @@ def test_probe_low_end_is_the_lowest_utilization_that_starts() -> None:
     model.observe(0, base, *_measured(runner.evaluate(base)))
     low = model.probe(space, base, 1)
     assert low is not None and low[UTIL] > space.distributions[UTIL].low  # type: ignore[attr-defined]
-    assert runner.evaluate(low).outcome != oc.STARTUP_FAILED, low
+    assert runner.evaluate(low).outcome != Outcome.STARTUP_FAILED, low
 
 
 def test_repair_shrinks_the_budget_before_giving_up_utilization() -> None:
@@ -170,7 +170,7 @@ def test_repair_shrinks_the_budget_before_giving_up_utilization() -> None:
     model = MemoryModel(threshold=Threshold(fraction=0.97), step_cap=CAP)
     for n in range(12):
         flags = random_flags(rng)
-        model.observe(n, flags, oc.OK, {"peak_fraction": true_peak(flags), "total_bytes": [24 << 30]})
+        model.observe(n, flags, Outcome.OK, {"peak_fraction": true_peak(flags), "total_bytes": [24 << 30]})
     ruled = {BUDGET: 16384, UTIL: 0.95, OFFLOAD: 0.0}  # true peak 1.07
     assert model.screen(ruled) is not None
     nearest = repair(model, space, ruled)

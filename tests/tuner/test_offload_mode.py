@@ -12,11 +12,12 @@ import pytest
 from autotuner.errors import ScenarioError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import constraints_of, feasible
 from autotuner.tuner.offload_axis import from_flags
-from autotuner.tuner.runner import VirtualRunner
+from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import build_space, offload_shape
-from autotuner.tuner.study import Tuner, constraints_of, feasible
-from autotuner.tuner.trial import TrialResult
+from autotuner.tuner.study import Tuner
 
 AXIS = {"offload-mode": {"type": "categorical", "choices": ["none", "uva", "prefetch"]},
         "offload-gib": {"type": "float", "low": 4.0, "high": 12.0, "step": 1.0}}

@@ -10,13 +10,14 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotuner.engine import classify as oc
 from autotuner.scenario import load_scenario
 from autotuner.stats import percentile
 from autotuner.store.db import Store
+from autotuner.trials.outcomes import Outcome
+from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.pruning import Done, FrontPoint, Partial, Pruner, certain_lower_bound
-from autotuner.tuner.runner import MeasureRunner
-from autotuner.tuner.study import Tuner, launched_trials
+from autotuner.tuner.runners import MeasureRunner
+from autotuner.tuner.study import Tuner
 from tests.support.quickstart import scenario
 
 OBJECTIVES = [("output_tokens_per_s", "maximize"), ("ttft_p95_s", "minimize")]
@@ -69,10 +70,10 @@ def test_hopeless_trial_on_the_simulator_stops_before_its_workload_ends(tmp_path
     assert summary.trials_done == 1
     study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
     [trial] = launched_trials(study)
-    assert trial.state == TrialState.COMPLETE and trial.user_attrs["outcome"] == oc.PRUNED
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["outcome"] == Outcome.PRUNED
     assert not trial.user_attrs["feasible"] and trial.user_attrs["constraints"]["slo"] > 0
     [row] = store.trials(tuner.study_name)
-    assert row.outcome == oc.PRUNED and "ttft_p95_s" in (row.reason or "")
+    assert row.outcome == Outcome.PRUNED and "ttft_p95_s" in (row.reason or "")
     m = row.result["metrics"]
     assert m["partial_of"] == 24 and 1 <= m["completed"] < 24, m
     assert m["ttft_p95_s"] is not None and m["ttft_p95_s"] > 0.2

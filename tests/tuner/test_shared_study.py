@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.store.db import Store
-from autotuner.tuner.study import launched_trials
+from autotuner.tuner.budget import launched_trials
 from tests.support.quickstart import quickstart
 
 pgserver = pytest.importorskip("pgserver")

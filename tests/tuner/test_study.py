@@ -20,9 +20,11 @@ from optuna.trial import TrialState
 from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.store.db import Store
+from autotuner.trials.scoring import CONSTRAINT_KEYS
+from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.memory_model import PRIOR_MEAN
-from autotuner.tuner.runner import VirtualRunner
-from autotuner.tuner.study import CONSTRAINT_KEYS, Tuner, launched_trials
+from autotuner.tuner.runners import VirtualRunner
+from autotuner.tuner.study import Tuner
 from tests.support.quickstart import optuna_trials, quickstart, tune_cmd, virtual_tuner
 
 ROOT = Path(__file__).parent.parent.parent

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.engine.gpu_locks import GpusBusyError
 from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.sim.worker_pool import WorkerPool
-from autotuner.tuner.trial import GpusBusyError, measure
+from autotuner.tuner.lifecycle import measure
 from tests.support.quickstart import scenario
 
 
@@ -95,7 +96,7 @@ def test_startup_timeout(home: Path, tmp_path: Path) -> None:
 
 def test_busy_gpus_are_refused_naming_the_pid(home: Path, tmp_path: Path, sim_state: Path) -> None:
     sc = load_scenario(scenario(tmp_path))
-    from autotuner.tuner.trial import ensure_sim_gpus
+    from autotuner.tuner.gpu_guard import ensure_sim_gpus
 
     ensure_sim_gpus(sc)
     with WorkerPool(sim_state, [3]) as pool:

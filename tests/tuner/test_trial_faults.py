@@ -20,7 +20,8 @@ from autotuner.engine.registry import EngineRegistry
 from autotuner.monitor import DeviceInfo, MemoryMonitor, MonitorError
 from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.tuner.trial import measure, monitor_for
+from autotuner.tuner.gpu_guard import monitor_for
+from autotuner.tuner.lifecycle import measure
 from tests.support.quickstart import scenario
 
 GOOD = {"max-num-batched-tokens": 1024, "gpu-memory-utilization": 0.8}

@@ -11,9 +11,11 @@ from optuna.trial import TrialState
 
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
+from autotuner.trials.outcomes import Outcome
+from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.memory_model import MemoryModel
-from autotuner.tuner.runner import MeasureRunner
-from autotuner.tuner.study import OOM_PREDICTED, Tuner, launched_trials
+from autotuner.tuner.runners import MeasureRunner
+from autotuner.tuner.study import Tuner
 from tests.support.quickstart import scenario, virtual_tuner
 
 
@@ -24,7 +26,7 @@ def test_loop_does_not_launch_what_the_model_rules_out(tmp_path: Path) -> None:
     complete = study.get_trials(states=(TrialState.COMPLETE,))
     launched = launched_trials(study)
     assert summary.trials_done == len(launched) == 16
-    predicted = [t for t in complete if t.user_attrs["outcome"] == OOM_PREDICTED]
+    predicted = [t for t in complete if t.user_attrs["outcome"] == Outcome.OOM_PREDICTED]
     assert predicted, "the quickstart's space reaches past the wall: the model rules candidates out"
     rows = {r.trial_number: r for r in store.trials(tuner.study_name)}
     for t in predicted:
@@ -32,7 +34,7 @@ def test_loop_does_not_launch_what_the_model_rules_out(tmp_path: Path) -> None:
         assert t.user_attrs["predicted:p_over"] >= 0.9
         low, mid, high = (t.user_attrs[f"predicted:{k}"] for k in ("low", "peak_fraction", "high"))
         assert low <= mid <= high
-        assert rows[t.number].result["argv"] == [] and rows[t.number].outcome == OOM_PREDICTED
+        assert rows[t.number].result["argv"] == [] and rows[t.number].outcome == Outcome.OOM_PREDICTED
         # The same verdict from the evidence before it, refitted from the stored rows.
         earlier = MemoryModel.for_scenario(tuner.scenario, tuner.rules.defaults(),
                                            [r for n, r in rows.items() if n < t.number])
@@ -52,8 +54,8 @@ def test_ruled_out_candidates_launch_no_engine_on_the_simulator(tmp_path: Path) 
     summary = asyncio.run(tuner.run())
     assert summary.trials_done == 4
     rows = store.trials(tuner.study_name)
-    predicted = [r for r in rows if r.outcome == OOM_PREDICTED]
-    launched = [r for r in rows if r.outcome != OOM_PREDICTED]
+    predicted = [r for r in rows if r.outcome == Outcome.OOM_PREDICTED]
+    launched = [r for r in rows if r.outcome != Outcome.OOM_PREDICTED]
     assert predicted, [(r.kind, r.outcome, r.flags) for r in rows]
     engine_logs = sorted(logs.glob("engine-*.log"))
     assert len(engine_logs) == len(launched) == 4

@@ -13,6 +13,7 @@ from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.sim.args import VllmArgError, build_config, parse_args
 from autotuner.sim.hardware import GPU_PRESETS
+from autotuner.trials.outcomes import Outcome
 from autotuner.tuner.space import FlagRules, platform_of
 from autotuner.vllm import FlagTypeError, Platform, human_readable_int, is_known, knowledge_for, series_of
 
@@ -39,7 +40,7 @@ def sim_verdict(gpu: str, flags: dict[str, object], model: str = "llama-2-13b", 
     except VllmArgError as exc:
         assert exc.exit_code == 1
         facts = classify.classify(exc.message.splitlines())
-        assert facts.failure == classify.INVALID_FLAGS and facts.reason, exc.message
+        assert facts.failure == Outcome.INVALID_FLAGS and facts.reason, exc.message
         return facts.reason
     return None
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from autotuner.backends import SIM_VIRTUAL, Backend, backend_for
-from autotuner.engine import classify as oc
+from autotuner.engine.classify import clean_reason
 from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
 from autotuner.errors import ScenarioError
@@ -25,8 +25,11 @@ from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_a
 from autotuner.sim.core import SimRequest
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
 from autotuner.store.db import StudyKey
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import Phase, TrialResult
+from autotuner.trials.scoring import threshold_of
 from autotuner.tuner import pruning
-from autotuner.tuner.trial import Phase, TrialResult, measure, threshold_of
+from autotuner.tuner.lifecycle import measure
 from autotuner.workload.spec import LengthDist
 
 
@@ -35,9 +38,10 @@ class TrialRunner(ABC):
 
     @abstractmethod
     async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
-                  gpus: Sequence[int] | None = None) -> TrialResult:
+                  gpus: Sequence[int] | None = None, pruner: pruning.Pruner | None = None) -> TrialResult:
         """`gpus`: the trial's own GPU group (NVML indices) when trials run side by side; None: the
-        scenario's GPUs."""
+        scenario's GPUs. `pruner`: asked during the workload whether the trial is hopeless (None:
+        never stopped early)."""
 
     @abstractmethod
     def study_key(self) -> StudyKey:
@@ -72,9 +76,10 @@ class MeasureRunner(TrialRunner):
         self.registry = registry or EngineRegistry()
 
     async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
-                  gpus: Sequence[int] | None = None) -> TrialResult:
+                  gpus: Sequence[int] | None = None, pruner: pruning.Pruner | None = None) -> TrialResult:
         scenario = self.scenario if gpus is None else on_gpus(self.scenario, gpus)
-        return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase)
+        return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase,
+                             pruner=pruner)
 
     def study_key(self) -> StudyKey:
         return backend_study_key(backend_for(self.scenario), self.scenario)
@@ -126,24 +131,23 @@ class VirtualRunner(TrialRunner):
         return self._requests_cache[vocab_size], concurrency
 
     async def run(self, flags: Mapping[str, FlagValue], on_phase: Phase | None = None, *,
-                  gpus: Sequence[int] | None = None) -> TrialResult:
-        # In a worker thread (the context, and so the pruner, goes along): a long evaluation must not hold the
-        # event loop of the process running it (the daemon's /status, the live view, other trials' heartbeats).
-        return await asyncio.to_thread(self.evaluate, flags)
+                  gpus: Sequence[int] | None = None, pruner: pruning.Pruner | None = None) -> TrialResult:
+        # In a worker thread: a long evaluation must not hold the event loop of the process running it
+        # (the daemon's /status, the live view, other trials' heartbeats).
+        return await asyncio.to_thread(self.evaluate, flags, pruner)
 
-    def evaluate(self, flags: Mapping[str, FlagValue]) -> TrialResult:
+    def evaluate(self, flags: Mapping[str, FlagValue], pruner: pruning.Pruner | None = None) -> TrialResult:
         argv = self._argv(flags)
         self.runs += 1
         merged = {**self.scenario.engine.flags, **flags}
-        result = TrialResult(oc.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
+        result = TrialResult(Outcome.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
             config = build_config(parse_args(argv), self.scenario.engine.resolved_env())
         except VllmArgError as exc:
-            result.outcome = oc.INVALID_FLAGS
-            result.reason = oc.clean_reason(exc.message.splitlines()[-1])
+            result.outcome = Outcome.INVALID_FLAGS
+            result.reason = clean_reason(exc.message.splitlines()[-1])
             return result
         reqs, concurrency = self.requests(config.model.vocab_size)
-        pruner = pruning.judge.get()
         sims: list[SimRequest] = []
         ev = evaluate(config, reqs, concurrency, sims if pruner is not None else None)
         result.engine = {"version": f"{VLLM_VERSION} (simulated)", "kv_cache_tokens": ev.kv_cache_tokens,
@@ -153,7 +157,7 @@ class VirtualRunner(TrialRunner):
                          "offloaded_gib": ev.startup.get("offloaded_gib"),
                          "sim_noise": config.sim.noise, "sim_run": config.sim.run}
         if ev.outcome == "startup-failed":
-            result.outcome, result.reason = oc.STARTUP_FAILED, ev.reason
+            result.outcome, result.reason = Outcome.STARTUP_FAILED, ev.reason
             return result
         peaks = list(ev.memory["peak_bytes"])  # type: ignore[call-overload]
         total = int(ev.memory["total_bytes"])  # type: ignore[call-overload]
@@ -165,14 +169,14 @@ class VirtualRunner(TrialRunner):
             "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed", "duration_s")}
         limit = self.threshold.limit_bytes(total)
         if ev.outcome == "oom":
-            result.outcome, result.reason = oc.OOM_CRASH, ev.reason
+            result.outcome, result.reason = Outcome.OOM_CRASH, ev.reason
             result.memory["peak_fraction"] = 1.0  # the failed allocation went past the card
         elif max(peaks) >= limit:
             # A real trial would have been stopped here, at the threshold.
-            result.outcome = oc.OOM_THRESHOLD
+            result.outcome = Outcome.OOM_THRESHOLD
             result.reason = (f"peak {max(peaks) / 2**30:.2f} GiB ≥ threshold {limit / 2**30:.2f} GiB of "
                              f"{total / 2**30:.2f} GiB")
-        if result.outcome != oc.OK:
+        if result.outcome != Outcome.OK:
             result.metrics = {}
         elif pruner is not None:
             _prune_in_virtual_time(result, pruner, sims, len(reqs))
@@ -194,6 +198,6 @@ def _prune_in_virtual_time(result: TrialResult, pruner: pruning.Pruner, sims: li
         partial = pruning.Partial(s.finished_at - start, total, list(done))
         reason = pruner.check(partial)
         if reason is not None:
-            result.outcome, result.reason = oc.PRUNED, reason
+            result.outcome, result.reason = Outcome.PRUNED, reason
             result.metrics = partial.metrics()
             return

@@ -1,6 +1,6 @@
 """How far a trial's memory peak went past the OOM threshold, for the constraints and for export.
 
-One threshold object (`Threshold`, built by `threshold_of`) decides everywhere: a fraction of each
+One threshold object (`Threshold`, built by `scoring.threshold_of`) decides everywhere: a fraction of each
 card, or a number of MiB that must stay free on each card.
 """
 

@@ -1,0 +1,69 @@
+"""Exclusive `flock`s on files: the one way autotuner takes a lock between processes.
+
+A held lock is an open file descriptor: the kernel drops the `flock` when it is closed or its
+process dies, so a killed holder never leaves a stale lock. Lock files may carry the holder's PID
+(`write_holder` / `read_holder`) for the message the next process prints. Two shapes: `exclusive`
+waits for the lock (short critical sections: a counter, a state file), `try_exclusive` returns at
+once (a lock held for a whole run: the study database, a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def open_lock_file(path: Path, mode: int = 0o644) -> int:
+    """The lock file opened read-write (created with `mode` if missing); raises OSError."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, mode: int = 0o644) -> Iterator[int]:
+    """Hold an exclusive lock on `path`, waiting for it; yields the open descriptor (read-write)."""
+    fd = open_lock_file(path, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def try_exclusive(path: Path, mode: int = 0o644) -> int | None:
+    """Take an exclusive lock on `path` without waiting: the descriptor that holds it (close it, or
+    `release` it, to let go), or None when another process holds it. Raises OSError when the file
+    cannot be opened."""
+    fd = open_lock_file(path, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_holder(fd: int) -> None:
+    """Record this process as the holder (its PID, the file's whole content)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+
+
+def read_holder(path: Path) -> str:
+    """The PID the holder of `path` recorded, or "?" when it is unknown."""
+    try:
+        return path.read_bytes()[:64].decode(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def release(fd: int) -> None:
+    """Let go of a lock from `try_exclusive`, clearing the holder's PID first."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    os.close(fd)

@@ -1,0 +1,297 @@
+"""One trial: one engine lifetime with one set of flags, measured.
+
+start → wait ready (fail fast) → warm up → replay the workload while sampling memory (stop the engine
+within one sample period if the OOM threshold trips) and polling /metrics → stop the whole process
+group → wait until memory is back near where it was. Every candidate failure is an outcome of the
+result; only bad input (scenario, busy GPUs we must not touch) raises. The GPU checks around the
+lifetime are gpu_guard.py's, the measured phase replay_phase.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import structlog
+
+from autotuner.engine.gpu_locks import GpuLocks
+from autotuner.engine.launch import LaunchPlan, plan_launch
+from autotuner.engine.process import EngineProcess
+from autotuner.engine.registry import EngineRegistry
+from autotuner.monitor import (
+    HostMonitor,
+    MemoryMonitor,
+    MemorySummary,
+    MonitorError,
+    Sampler,
+    ThresholdEvent,
+)
+from autotuner.monitor.checks import wait_for_release
+from autotuner.monitor.foreign import MIB, ForeignMemory, unlisted_warning
+from autotuner.scenario import FlagValue, Scenario
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import Phase, TrialResult
+from autotuner.trials.scoring import threshold_of
+from autotuner.tuner.gpu_guard import foreign_growth, foreign_within_allowance, monitor_for
+from autotuner.tuner.pruning import Pruner
+from autotuner.tuner.replay_phase import serve_and_replay
+from autotuner.tuner.trial_tasks import cancel, race
+
+log = structlog.get_logger(__name__)
+
+# Memory within this much of the pre-launch level counts as released.
+RELEASE_TOLERANCE_BYTES = 256 << 20
+TIMELINE_POINTS = 300
+# How often the trial looks for other processes' memory growing on its GPUs, and records the engine's
+# processes (so a later run can stop exactly those if this tuner dies).
+WATCH_S = 0.5
+
+
+class _Engine:
+    """Holds the current engine so the monitor (host RSS) and the threshold callback can reach it."""
+
+    def __init__(self) -> None:
+        self.process: EngineProcess | None = None
+
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid_or_none
+
+
+async def measure(
+    scenario: Scenario,
+    candidate: Mapping[str, FlagValue],
+    *,
+    log_dir: Path,
+    registry: EngineRegistry | None = None,
+    on_phase: Phase | None = None,
+    port: int | None = None,
+    monitor: MemoryMonitor | None = None,
+    pruner: Pruner | None = None,
+) -> TrialResult:
+    """Measure `candidate` (flags on top of the scenario's fixed ones). Raises UserInputError for bad
+    input and GpusBusyError when the GPUs are not free; every other failure is in the result.
+    `monitor` replaces the scenario's (it is closed here too); `pruner` stops a hopeless replay early."""
+    phase = on_phase or (lambda _p: None)
+    registry = registry or EngineRegistry()
+    plan = plan_launch(scenario, candidate, port=port)
+    holder = _Engine()
+    monitor = monitor or monitor_for(scenario, holder.pid)
+    locks: GpuLocks | None = None
+    try:
+        foreign: list[ForeignMemory] = []
+        if not isinstance(monitor, HostMonitor):
+            # Held from the check until our engine has stopped and its memory is back (in _run).
+            locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()], engine=True)
+            locks.acquire()
+        reaped = registry.reap_orphans()
+        if reaped:
+            log.warning("engine.orphans_stopped", process_groups=reaped)
+        if locks is not None:
+            foreign = await foreign_within_allowance(scenario, monitor, registry, bool(reaped))
+        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign, pruner)
+    finally:
+        monitor.close()
+        if locks is not None:
+            locks.release()
+
+
+class _Abort:
+    """Why a trial must stop early for reasons that are not the candidate's (set from the watcher)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.outcome: Outcome | None = None
+        self.reason: str | None = None
+
+    def set(self, outcome: Outcome, reason: str) -> None:
+        if not self.event.is_set():
+            self.outcome, self.reason = outcome, reason
+            self.event.set()
+
+
+async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, holder: _Engine,
+               registry: EngineRegistry, log_dir: Path, phase: Phase, foreign: list[ForeignMemory],
+               pruner: Pruner | None) -> TrialResult:
+    t_begin = time.monotonic()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{plan.port}.log"
+    result = TrialResult(Outcome.OK, None, dict(plan.flags), _redact_argv(plan.argv), plan.redacted_env())
+    result.engine["log_path"] = str(log_path)
+    warning = unlisted_warning(foreign)
+    if warning:
+        result.warnings.append(warning)
+
+    loop = asyncio.get_running_loop()
+    tripped = asyncio.Event()
+    abort = _Abort()
+    engine = EngineProcess(plan.argv, plan.env, log_path, registry)
+
+    def on_threshold(event: ThresholdEvent) -> None:
+        # Sampler thread: kill at once (within one sample period), then wake the measuring task.
+        engine.kill_now()
+        loop.call_soon_threadsafe(tripped.set)
+
+    sampler = Sampler(monitor, hz=scenario.monitor.hz, threshold=threshold_of(scenario),
+                      on_threshold=on_threshold, max_points=TIMELINE_POINTS)
+    try:
+        baseline = monitor.sample()
+    except MonitorError as exc:
+        return _monitor_failed(result, f"memory could not be read before launch: {exc}", t_begin)
+    summary: MemorySummary | None = None
+    monitor_error: str | None = None
+    watcher: asyncio.Future[None] | None = None
+    phase("starting")
+    try:
+        # From here on, whatever happens (the first sample fails, the registry cannot be written, the
+        # task is cancelled), the finally below stops the engine.
+        holder.process = engine
+        engine.start()
+        sampler.start()
+        watcher = asyncio.ensure_future(_watch(engine, sampler, monitor, foreign, abort))
+        t_start = time.monotonic()
+        why = await race(engine.wait_ready(plan.base_url, plan.served_name, scenario.engine.startup_timeout_s,
+                                           plan.headers()), tripped, abort.event)
+        result.startup_s = time.monotonic() - t_start
+        if why is not None or tripped.is_set():
+            if not abort.event.is_set():
+                _startup_outcome(result, engine, why, tripped.is_set())
+        else:
+            engine.record_members()
+            await serve_and_replay(scenario, plan, engine, result, tripped, abort.event, phase, pruner)
+    except MonitorError as exc:
+        monitor_error = str(exc)
+    finally:
+        phase("stopping")
+        await cancel(watcher)
+        engine.stop(grace_s=scenario.engine.stop_grace_s)
+        if sampler.running:
+            try:
+                summary = sampler.stop()
+            except MonitorError as exc:
+                monitor_error = str(exc)
+        holder.process = None
+    _finish(result, engine, summary, tripped.is_set())
+    _foreign_record(result, foreign, summary)
+    grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+    if grown is not None:
+        abort.set(Outcome.INTERFERENCE, grown)
+    if abort.outcome is not None and abort.reason is not None:
+        result.outcome, result.reason, result.infrastructure = abort.outcome, abort.reason, True
+        result.metrics = {}
+    elif (monitor_error is not None or summary is None) and \
+            result.outcome in (Outcome.OK, Outcome.CRASH, Outcome.TIMEOUT):
+        _monitor_failed(result, f"no memory evidence: {monitor_error or 'the sampler did not run'}")
+    try:
+        released = await asyncio.to_thread(wait_for_release, monitor, baseline, RELEASE_TOLERANCE_BYTES,
+                                           scenario.engine.release_timeout_s)
+    except MonitorError as exc:
+        released = True  # nothing to wait on; said below
+        result.warnings.append(f"GPU memory release could not be checked: {exc}")
+        if result.outcome == Outcome.OK:  # a feasible claim needs the whole run watched
+            _monitor_failed(result, f"memory could not be read after the trial: {exc}")
+    if not released:
+        result.warnings.append(f"GPU memory not back to its pre-launch level within "
+                               f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
+    result.duration_s = time.monotonic() - t_begin
+    log.info("trial.measured", outcome=result.outcome, reason=result.reason, flags=result.flags,
+             output_tokens_per_s=result.metric("output_tokens_per_s"),
+             ttft_p95_s=result.metric("ttft_p95_s"), peak_fraction=result.peak_fraction,
+             foreign_mib=[round(f.bytes / MIB) for f in foreign])
+    return result
+
+
+def _monitor_failed(result: TrialResult, reason: str, t_begin: float | None = None) -> TrialResult:
+    """No memory evidence: a machine fault (retried), never feasible."""
+    result.outcome, result.reason, result.infrastructure = Outcome.MONITOR_FAILED, reason, True
+    result.metrics = {}
+    if t_begin is not None:
+        result.duration_s = time.monotonic() - t_begin
+    return result
+
+
+def _foreign_record(result: TrialResult, foreign: list[ForeignMemory], summary: MemorySummary | None) -> None:
+    """The foreign baseline beside the device-level figures, and our engine's own peak without it."""
+    if not foreign:
+        return
+    result.memory["foreign"] = [f.to_dict() for f in foreign]
+    result.memory["foreign_bytes"] = [f.bytes for f in foreign]
+    if summary is not None and len(summary.peak_bytes) == len(foreign):
+        result.memory["engine_peak_bytes"] = [max(0, p - f.bytes)
+                                              for p, f in zip(summary.peak_bytes, foreign, strict=True)]
+
+
+async def _watch(engine: EngineProcess, sampler: Sampler, monitor: MemoryMonitor, foreign: list[ForeignMemory],
+                 abort: _Abort) -> None:
+    """While the engine lives: stop the trial if the sampler dies (nobody watches the OOM wall) or
+    other processes take memory on our GPUs; keep the engine's processes on record."""
+    while True:
+        await asyncio.sleep(WATCH_S)
+        if sampler.failure is not None:
+            abort.set(Outcome.MONITOR_FAILED, f"memory sampling failed during the trial: {sampler.failure}")
+            return
+        await asyncio.to_thread(engine.record_members)
+        grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+        if grown is not None:
+            abort.set(Outcome.INTERFERENCE, grown)
+            return
+
+
+def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None, tripped: bool) -> None:
+    if tripped:
+        result.outcome, result.reason = Outcome.OOM_THRESHOLD, "memory crossed the OOM threshold during startup"
+        return
+    if why == "timeout":
+        result.outcome = Outcome.TIMEOUT
+        result.reason = "engine not ready within engine.startup_timeout_s"
+        return
+    # It exited: the log says why. Read it to the end first (children write after the leader exits).
+    engine.stop(grace_s=1.0)
+    facts = engine.facts
+    result.outcome = facts.failure or Outcome.CRASH
+    result.reason = facts.reason or f"engine exited with code {engine.returncode} during startup"
+    if result.outcome == Outcome.CRASH and facts.reason and "Address already in use" in facts.reason:
+        result.infrastructure = True
+
+
+def _finish(result: TrialResult, engine: EngineProcess, summary: MemorySummary | None, tripped: bool) -> None:
+    facts = engine.facts
+    result.engine.update(version=facts.version, kv_cache_tokens=facts.kv_cache_tokens,
+                         model_load_gib=facts.model_load_gib, max_num_batched_tokens=facts.max_num_batched_tokens)
+    result.engine.setdefault("preemptions", None)
+    result.engine.setdefault("kv_cache_usage_max", None)
+    if summary is not None:
+        result.memory = {
+            "peak_bytes": summary.peak_bytes,
+            "total_bytes": summary.total_bytes,
+            "baseline_bytes": summary.baseline_bytes,
+            "peak_fraction": summary.peak_fraction,
+            "samples": summary.samples,
+            "sample_hz": summary.sample_hz,
+            "devices": [d.index for d in summary.devices],
+            "timeline": [[round(t, 4), list(v)] for t, v in summary.timeline],
+        }
+    result.log_tail = engine.log_tail(40)
+    if tripped:
+        event = summary.threshold_event if summary is not None else None
+        result.outcome = Outcome.OOM_THRESHOLD
+        result.reason = (f"GPU {event.index} reached {event.used_bytes / 2**30:.2f} GiB of "
+                         f"{event.total_bytes / 2**30:.2f} GiB (threshold {event.limit_bytes / 2**30:.2f} GiB)"
+                         if event is not None else "memory crossed the OOM threshold")
+        return
+    if result.outcome != Outcome.OK:
+        return
+    if facts.failure is not None and facts.failure_after_ready:
+        result.outcome, result.reason = facts.failure, facts.reason
+    elif engine.returncode not in (None, 0) and not engine.stopping:
+        result.outcome = Outcome.CRASH
+        result.reason = result.reason or f"engine exited with code {engine.returncode} while serving"
+
+
+def _redact_argv(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, part in enumerate(out[:-1]):
+        if part == "--api-key":
+            out[i + 1] = "***"
+    return out
