@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +25,33 @@ def check_output_file(path: Path) -> None:
 
 # SIGTERM and SIGHUP kill a process that has no handler for them without running `finally`; a signal
 # between creating the temp file and renaming it would leave the temp file behind.
-_TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+_TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
     """Holds SIGINT, SIGTERM and SIGHUP back for the block; one that arrived meanwhile is delivered when it
-    ends, after the temp file is renamed or removed."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
+    ends, after the temp file is renamed or removed.
+
+    In the main thread the handlers are swapped for one that notes the signal: a process-directed signal
+    may be taken by any thread (a library's worker thread too), and only a handler catches it wherever it
+    lands. Elsewhere (a worker thread, where handlers cannot be set) the thread blocks them."""
+    if threading.current_thread() is not threading.main_thread():
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        return
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: arrived.append(signum)) for sig in _TERMINATING}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        if arrived:
+            signal.raise_signal(arrived[0])  # as it would have been handled: exit, KeyboardInterrupt, a handler
 
 
 def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:

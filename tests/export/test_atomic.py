@@ -12,10 +12,12 @@ import pytest
 
 # The signal arrives at the worst moment: after the temp file is written, before it is renamed.
 _CHILD = """
-import os, signal, sys
+import os, signal, sys, threading, time
 from pathlib import Path
 from autotuner.export import atomic
 sig = int(sys.argv[2])
+# A library's worker thread: the kernel may hand a process-directed signal to it instead.
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 os.fsync = lambda fd: os.kill(os.getpid(), sig)
 target = Path(sys.argv[1])
 if sys.argv[3] == "file":
@@ -54,5 +56,7 @@ def test_the_signal_mask_is_restored_after_a_write(tmp_path: Path) -> None:
     from autotuner.export.atomic import write_text_atomic
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
     write_text_atomic(tmp_path / "x.yaml", "a: 1\n")
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] == handlers
