@@ -29,6 +29,7 @@ from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
 from autotuner.sim.hardware import load_gpu
 from autotuner.sim.models import load_model
+from autotuner.vllm import FlagValue, flag_name
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -38,7 +39,6 @@ from autotuner.workload.spec import (
 )
 from autotuner.workload.trace import load_trace
 
-FlagValue = bool | int | float | str | list[str | int | float]
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
@@ -107,7 +107,7 @@ class EngineSettings(_Model):
     def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
         normalised: dict[str, FlagValue] = {}
         for name, value in flags.items():
-            key = name.removeprefix("--").replace("_", "-")
+            key = flag_name(name)
             if not _FLAG_NAME.match(key):
                 raise ValueError(f"flag name {name!r} is not a vLLM long option (like max-num-seqs)")
             if key in RESERVED_FLAGS:

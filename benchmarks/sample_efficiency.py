@@ -54,11 +54,12 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.engine import classify as oc
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.space import build_space
 from autotuner.tuner.study import Tuner, constraints_of, feasible
+from autotuner.vllm import FlagValue
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotuner.cli import app
-from autotuner.engine.launch import flag_argv, parse_set
+from autotuner.engine.launch import parse_set
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.hardware import _FILE_FIELDS, load_gpu
@@ -31,6 +31,7 @@ from autotuner.sim.models import load_model
 from autotuner.store.db import Store
 from autotuner.tuner.space import build_space
 from autotuner.tuner.trial import threshold_of
+from autotuner.vllm import flag_argv
 from autotuner.workload.trace import load_trace
 from tests.support.bad_inputs import CORPUS, scenario_for
 

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runner import TrialRunner
+    from autotuner.vllm import FlagValue
 
 
 class Backend(ABC):

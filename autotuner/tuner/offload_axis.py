@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotuner.scenario import FlagValue
+from autotuner.vllm import FlagValue
 
 MODE = "offload-mode"
 FREED = "offload-gib"

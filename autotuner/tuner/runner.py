@@ -17,16 +17,16 @@ from pathlib import Path
 
 from autotuner.backends import SIM_VIRTUAL, Backend, backend_for
 from autotuner.engine import classify as oc
-from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
 from autotuner.errors import ScenarioError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
 from autotuner.sim.core import SimRequest
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
 from autotuner.store.db import StudyKey
 from autotuner.tuner import pruning
 from autotuner.tuner.trial import Phase, TrialResult, measure, threshold_of
+from autotuner.vllm import FlagValue, flag_argv
 from autotuner.workload.spec import LengthDist
 
 

@@ -16,9 +16,9 @@ import structlog
 
 from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
-from autotuner.scenario import FlagValue, Scenario, SearchParam
+from autotuner.scenario import Scenario, SearchParam
 from autotuner.tuner import offload_axis as oa
-from autotuner.vllm import ModelLimits, Platform, knowledge_for
+from autotuner.vllm import FlagValue, ModelLimits, Platform, flag_name, knowledge_for
 
 log = structlog.get_logger(__name__)
 
@@ -138,7 +138,7 @@ def build_space(scenario: Scenario, host_bytes: int | None = None) -> Space:
     dists: dict[str, optuna.distributions.BaseDistribution] = {}
     resolved: dict[str, SearchParam] = {}
     for raw_name, p in params.items():
-        name = raw_name.removeprefix("--").replace("_", "-")
+        name = flag_name(raw_name)
         if name in scenario.engine.flags:
             raise ScenarioError(f"{scenario.source or 'scenario'}: search_space.{raw_name} is also fixed in "
                                 "engine.flags; a flag is either fixed or searched")

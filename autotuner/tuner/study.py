@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 from autotuner.engine import classify as oc
 from autotuner.errors import UserInputError
 from autotuner.monitor.sampler import memory_listener
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store, StudyRecord, TrialRecord
 from autotuner.trust import DEFAULT_TOP, TRUST_KINDS
 from autotuner.trust.offload import host_ram_problem
@@ -36,6 +36,7 @@ from autotuner.tuner.memory_model import MemoryModel, repair, warm_started
 from autotuner.tuner.runner import TrialRunner
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.trial import GPUS_BUSY, GpusBusyError, TrialResult, gpu_headroom, hold_gpus, threshold_of
+from autotuner.vllm import FlagValue
 from autotuner.workload.replay import request_listener
 
 log = structlog.get_logger(__name__)

@@ -45,10 +45,11 @@ from autotuner.monitor.foreign import (
     foreign_processes,
     unlisted_warning,
 )
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 from autotuner.sim.hardware import load_gpu
 from autotuner.tuner import pruning
+from autotuner.vllm import FlagValue
 from autotuner.workload import prometheus
 from autotuner.workload.client import StreamingClient, http_client, shard_count
 from autotuner.workload.replay import CANCELLED, Replayer

@@ -7,10 +7,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from autotuner.scenario import FlagValue
 from autotuner.vllm import defaults as d
 from autotuner.vllm.defaults import Platform, scheduler_defaults
-from autotuner.vllm.flags import FLAGS_0_32, FlagSpec
+from autotuner.vllm.flags import FLAGS_0_32, FlagSpec, FlagValue
 from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
 
 # The version the simulator presents itself as.

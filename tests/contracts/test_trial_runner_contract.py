@@ -36,11 +36,12 @@ import yaml
 from autotuner.engine import classify as oc
 from autotuner.engine.registry import EngineEntry, EngineRegistry
 from autotuner.export.slo import METRICS as SLO_METRICS
-from autotuner.scenario import FlagValue, Scenario, load_scenario
+from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.args import VLLM_VERSION
 from autotuner.sim.gpu_state import GpuHost, state_dir_from_env
 from autotuner.tuner.runner import MeasureRunner, TrialRunner, VirtualRunner
 from autotuner.tuner.trial import TrialResult
+from autotuner.vllm import FlagValue
 from autotuner.workload.summary import summarize
 from tests.support.quickstart import set_path
 from tests.support.waiting import wait_for

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from autotuner.engine.registry import EngineRegistry
-from autotuner.scenario import FlagValue, load_scenario
+from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
 from autotuner.store.db import Store
 from autotuner.tuner.runner import MeasureRunner
 from autotuner.tuner.study import Tuner
 from autotuner.tuner.trial import Phase, TrialResult
+from autotuner.vllm import FlagValue
 from tests.support.faults import assert_engine_gone, registry_empty, sim_scenario
 
 
