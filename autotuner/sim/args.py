@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from autotuner.errors import HardwareSpecError, ModelSpecError
 from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
 from autotuner.sim.models import ModelSpec, load_model
 from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
-from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, VllmRuleError, knowledge_for
+from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, ServeConfig, VllmRuleError, knowledge_for
 from autotuner.vllm.cmdline import (
     ConfigFileError,
     add_serve_arguments,
@@ -53,29 +53,18 @@ class SimOptions:
     ignore_cpu_offload: bool = False  # behave like vLLM builds that silently drop --cpu-offload-gb
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """A validated engine configuration: what `vllm serve` would run with."""
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(ServeConfig):
+    """A validated engine configuration: what `vllm serve` would run with (vLLM's resolved settings,
+    `ServeConfig`, never None here: the simulator knows its platform and model) and what the simulator
+    needs besides."""
 
     model: ModelSpec
     model_arg: str
     served_model_names: tuple[str, ...]
-    tensor_parallel_size: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    gpu_memory_utilization: float
-    cpu_offload_gb: float
-    enable_chunked_prefill: bool
-    enable_prefix_caching: bool
-    block_size: int
     enforce_eager: bool
     kv_cache_dtype: str
     sim: SimOptions
-    offload_backend: str = "none"  # the backend that runs (vLLM's `auto` resolved): none | uva | prefetch
-    offload_group_size: int = 0
-    offload_num_in_group: int = 1
-    offload_prefetch_step: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)
@@ -218,24 +207,12 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
 
     api_key = ns.api_key or env.get("VLLM_API_KEY") or None
     return EngineConfig(
+        **{f.name: getattr(serve, f.name) for f in fields(ServeConfig)},
         model=model,
         model_arg=model_arg,
         served_model_names=tuple(ns.served_model_name or [model_arg]),
-        tensor_parallel_size=serve.tensor_parallel_size,
-        max_model_len=serve.max_model_len,
-        max_num_batched_tokens=serve.max_num_batched_tokens,
-        max_num_seqs=serve.max_num_seqs,
-        gpu_memory_utilization=serve.gpu_memory_utilization,
-        cpu_offload_gb=serve.cpu_offload_gb,
-        enable_chunked_prefill=serve.enable_chunked_prefill,
-        enable_prefix_caching=serve.enable_prefix_caching,
-        block_size=serve.block_size,
         enforce_eager=bool(ns.enforce_eager),
         kv_cache_dtype=ns.kv_cache_dtype or "auto",
-        offload_backend=serve.offload_backend,
-        offload_group_size=serve.offload_group_size,
-        offload_num_in_group=serve.offload_num_in_group,
-        offload_prefetch_step=serve.offload_prefetch_step,
         sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed,
                        noise=ns.sim_noise, run=ns.sim_run, ignore_cpu_offload=ns.sim_ignore_cpu_offload),
         host=ns.host,
