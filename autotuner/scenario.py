@@ -24,11 +24,11 @@ from pydantic import (
 )
 
 from autotuner.backends import EngineKind, backend_for
+from autotuner.catalog.gpus import load_gpu
+from autotuner.catalog.models import load_model
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
-from autotuner.sim.hardware import load_gpu
-from autotuner.sim.models import load_model
 from autotuner.vllm import FlagValue, flag_name
 from autotuner.workload.spec import (
     Arrivals,

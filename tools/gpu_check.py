@@ -173,9 +173,9 @@ def parse_config(argv: list[str]) -> CheckConfig:
         raise BadInputError(f"--layers {ns.layers}: give at least 1")
     if ns.total_s <= 0 or ns.sampler_seconds <= 0:
         raise BadInputError("--total-s and --sampler-seconds must be greater than 0")
+    from autotuner.catalog.gpus import load_gpu
+    from autotuner.catalog.models import load_model
     from autotuner.errors import UserInputError
-    from autotuner.sim.hardware import load_gpu
-    from autotuner.sim.models import load_model
 
     try:
         spec = load_model(ns.model)
@@ -708,8 +708,8 @@ def _attempt(fn: Callable[[], Any]) -> Any:
 
 
 def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
+    from autotuner.catalog.models import load_model
     from autotuner.monitor import Sampler
-    from autotuner.sim.models import load_model
 
     spec = load_model(config.model)
     monitor = open_nvml(config)
@@ -1010,8 +1010,8 @@ def run_step(config: CheckConfig, step: str, box_s: float, work: Path, log: Any)
 
 def setup_dry_run(work: Path, config: CheckConfig) -> None:
     """A private simulated GPU (the configured GPU description) for the dry run's NVML."""
+    from autotuner.catalog.gpus import load_gpu
     from autotuner.sim.gpu_state import STATE_DIR_ENV, GpuHost, make_gpus
-    from autotuner.sim.hardware import load_gpu
 
     gpu = load_gpu(config.gpu_spec)
     state = work / "gpus"
@@ -1051,8 +1051,8 @@ def run_check(config: CheckConfig) -> dict[str, Any]:
 
 
 def sim_gpu(config: CheckConfig, total_bytes: int | None) -> Any:
-    from autotuner.sim.hardware import GIB as SIM_GIB
-    from autotuner.sim.hardware import load_gpu
+    from autotuner.catalog.gpus import GIB as SIM_GIB
+    from autotuner.catalog.gpus import load_gpu
 
     gpu = load_gpu(config.gpu_spec)
     return replace(gpu, memory_gib=total_bytes / SIM_GIB) if total_bytes else gpu

@@ -75,14 +75,14 @@ class _Simulated(Backend):
         return f"{VLLM_VERSION} ({self.version_note})"
 
     def gpu_inventory(self, scenario: Scenario) -> list[str]:
-        from autotuner.sim.hardware import load_gpu
+        from autotuner.catalog.gpus import load_gpu
 
         gpu = load_gpu(scenario.sim_gpu())
         return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * scenario.sim_gpu_count()
 
     def model_fingerprint(self, scenario: Scenario) -> str:
         """The preset's (or config.json's) shape."""
-        from autotuner.sim.models import load_model
+        from autotuner.catalog.models import load_model
 
         return load_model(scenario.engine.model).fingerprint()
 

@@ -10,9 +10,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
+from autotuner.catalog.gpus import GIB, GpuSpec, load_gpu
+from autotuner.catalog.models import ModelSpec, load_model
 from autotuner.errors import HardwareSpecError, ModelSpecError
-from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
-from autotuner.sim.models import ModelSpec, load_model
 from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
 from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, ServeConfig, VllmRuleError, knowledge_for
 from autotuner.vllm.cmdline import (

@@ -122,8 +122,8 @@ class Shape:
     @classmethod
     def of(cls, scenario: Scenario) -> Shape | None:
         """From a preset or a local config.json; None for a hub name we cannot read offline."""
+        from autotuner.catalog.models import load_model
         from autotuner.errors import ModelSpecError
-        from autotuner.sim.models import load_model
 
         try:
             spec = load_model(scenario.engine.model)
@@ -427,7 +427,7 @@ def rescale(model: MemoryModel, model_from: Any, model_to: Any, tensor_parallel:
     """The fitted model of one served model carried to another (warm start, model swap), as a prior:
     the per-token terms scale with the activation per token (hidden and MLP widths), the constant with
     the non-KV weights' share when the card's size is known; the spread widens so that the new
-    model's first trials dominate. `model_from`/`model_to` are `autotuner.sim.models.ModelSpec`s (a
+    model's first trials dominate. `model_from`/`model_to` are `autotuner.catalog.models.ModelSpec`s (a
     preset name or a config.json directory gives one through `load_model`)."""
     mean, cov, _ = model.fit()
     act_from = _activation_per_token(model_from, tensor_parallel)
@@ -451,8 +451,8 @@ def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Sce
     """`model` (a new study's, still without measurements) with the prior of an older study's fitted
     model rescaled to this scenario's model (a model swap or a warm start). Unchanged when the old
     study or either model's shape is unknown (a hub name that is not a local config.json)."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     record = store.study(old_study)
     if record is None or model.observations:
@@ -494,7 +494,7 @@ def _card_bytes(scenario: Scenario) -> int | None:
     """A simulated GPU's total; a real card's is known once a trial measured it."""
     if not backend_for(scenario).simulated:
         return None
-    from autotuner.sim.hardware import load_gpu
+    from autotuner.catalog.gpus import load_gpu
 
     try:
         return load_gpu(scenario.engine.sim.gpu).memory_bytes

@@ -69,8 +69,8 @@ def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> floa
 
 def _weights_per_gpu_gib(scenario: Scenario) -> float | None:
     """From a preset or a local config.json; None for a hub name we cannot read offline."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     try:
         model = load_model(scenario.engine.model)
@@ -242,8 +242,8 @@ def platform_of(inventory: Sequence[str]) -> Platform | None:
 def model_limits(scenario: Scenario) -> ModelLimits | None:
     """The model's heads and context from a simulator preset or a local config.json; None for a hub
     name (its rules are then vLLM's to check)."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     model = scenario.engine.model
     simulated = backend_for(scenario).simulated

@@ -21,6 +21,7 @@ import httpx
 import structlog
 
 from autotuner.backends import backend_for
+from autotuner.catalog.gpus import load_gpu
 from autotuner.engine import classify as oc
 from autotuner.engine.gpu_locks import GpuLocks, GpusBusyError
 from autotuner.engine.launch import LaunchPlan, plan_launch
@@ -47,7 +48,6 @@ from autotuner.monitor.foreign import (
 )
 from autotuner.scenario import Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
-from autotuner.sim.hardware import load_gpu
 from autotuner.tuner import pruning
 from autotuner.vllm import FlagValue
 from autotuner.workload import prometheus

@@ -29,7 +29,7 @@ def load_check() -> Any:
 def main() -> int:
     import torch
 
-    from autotuner.sim.models import ModelSpec
+    from autotuner.catalog.models import ModelSpec
 
     gpu_check = load_check()
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from autotuner.catalog.models import load_model
 from autotuner.engine import classify as oc
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario, load_scenario
-from autotuner.sim.models import load_model
 from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel, repair, rescale
 from autotuner.tuner.runner import VirtualRunner
 from autotuner.tuner.space import build_space
