@@ -23,9 +23,9 @@ from pydantic import (
     model_validator,
 )
 
-from autotuner.backends import EngineKind, backend_for
 from autotuner.catalog.gpus import load_gpu
 from autotuner.catalog.models import load_model
+from autotuner.engine_kinds import KINDS, EngineKind
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
@@ -167,7 +167,7 @@ class EngineSettings(_Model):
     def command_prefix(self) -> list[str]:
         if self.command:
             return list(self.command)
-        return backend_for(self.kind).default_command()
+        return list(KINDS[self.kind].default_command)
 
 
 class LengthSettings(_Model):
@@ -400,7 +400,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
         raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
     scenario = _model_from_scenario_folder(scenario)
-    if backend_for(scenario).simulated:
+    if KINDS[scenario.engine.kind].simulated:
         # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
         # before anything is started or written (each error names its own file and line).
         load_gpu(scenario.sim_gpu())

@@ -9,7 +9,6 @@ since they import this package (a top-level import would be a cycle).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,14 +48,10 @@ def sim_argv(scenario: Scenario, *, speedup: bool = False, noise: bool = True, r
 class _Simulated(Backend):
     """What both simulated kinds share: the preset model and GPU, the simulated host."""
 
-    simulated = True
     accepts_unknown_flags = False
     checks_host_ram = False
     simulated_host_bytes = SIMULATED_HOST_BYTES
     version_note = "simulated"
-
-    def default_command(self) -> list[str]:
-        return [sys.executable, "-m", "autotuner.sim", "serve"]
 
     def default_limits(self, scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[object, object]:
         from autotuner.sim.args import VllmArgError, build_config, parse_args

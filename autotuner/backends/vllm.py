@@ -23,15 +23,11 @@ if TYPE_CHECKING:
 
 
 class VllmBackend(Backend):
-    simulated = False
     runs_process = True
     uses_box_gpus = True
     accepts_unknown_flags = True
     checks_host_ram = True
     simulated_host_bytes = None
-
-    def default_command(self) -> list[str]:
-        return ["vllm", "serve"]
 
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
         from autotuner.tuner.runner import MeasureRunner
