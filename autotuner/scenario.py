@@ -26,6 +26,7 @@ from pydantic import (
 from autotuner.catalog.gpus import load_gpu
 from autotuner.catalog.models import load_model
 from autotuner.engine_kinds import KINDS, EngineKind
+from autotuner.env_references import expand, only_references, variables
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
@@ -42,27 +43,6 @@ from autotuner.workload.trace import load_trace
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """`${VAR}` in engine.command, engine.model and engine.env comes from the environment."""
-    env = os.environ if environ is None else environ
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in env:
-            raise ValueError(f"{text!r} uses ${{{name}}}, which is not set in the environment")
-        return env[name]
-
-    return _VAR.sub(value, text)
-
-
-def variables(text: str) -> list[str]:
-    """The names a `${VAR}` text refers to."""
-    return _VAR.findall(text)
 
 
 def _stored(info: ValidationInfo) -> bool:
@@ -121,12 +101,12 @@ class EngineSettings(_Model):
     def _command(cls, command: list[str] | None) -> list[str] | None:
         if command is not None and (not command or not all(command)):
             raise ValueError("command must be a non-empty list of non-empty strings")
-        return None if command is None else [_expand(part) for part in command]
+        return None if command is None else [expand(part) for part in command]
 
     @field_validator("model")
     @classmethod
     def _model(cls, model: str) -> str:
-        return _expand(model)
+        return expand(model)
 
     @field_validator("env")
     @classmethod
@@ -135,7 +115,7 @@ class EngineSettings(_Model):
         the database. Checked here, so that a missing variable is bad input at load."""
         if not _stored(info):
             for key, value in env.items():
-                resolved = _expand(str(value))
+                resolved = expand(str(value))
                 if is_secret_name(key) or any(is_secret_name(name) for name in variables(str(value))):
                     remember(resolved)
         return {k: str(v) for k, v in env.items()}
@@ -150,13 +130,13 @@ class EngineSettings(_Model):
     @field_serializer("env")
     def _env_as_stored(self, env: dict[str, str]) -> dict[str, str]:
         """`${VAR}` references as written; a literal value under a secret-looking name, masked."""
-        return {k: v if not is_secret_name(k) or (variables(v) and not _VAR.sub("", v).strip()) else REDACTED
+        return {k: v if not is_secret_name(k) or only_references(v) else REDACTED
                 for k, v in env.items()}
 
     def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """engine.env with `${VAR}` looked up now: for the engine's process, never for storage."""
         try:
-            return {k: _expand(v, environ) for k, v in self.env.items()}
+            return {k: expand(v, environ) for k, v in self.env.items()}
         except ValueError as exc:
             raise ScenarioError(f"engine.env: {exc}") from None
 

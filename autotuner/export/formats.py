@@ -19,9 +19,10 @@ from typing import Any, Literal, get_args
 import yaml
 
 from autotuner.engine.launch import API_KEY_VAR
+from autotuner.env_references import variables
 from autotuner.export.certificate import Certificate
 from autotuner.export.select import Selection
-from autotuner.scenario import RESERVED_FLAGS, variables
+from autotuner.scenario import RESERVED_FLAGS
 from autotuner.secrets import is_secret_name
 from autotuner.vllm import FlagValue, flag_argv
 
