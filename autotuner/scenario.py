@@ -23,12 +23,14 @@ from pydantic import (
     model_validator,
 )
 
-from autotuner.backends import EngineKind, backend_for
+from autotuner.catalog.gpus import load_gpu
+from autotuner.catalog.models import load_model
+from autotuner.engine_kinds import KINDS, EngineKind
+from autotuner.env_references import expand, only_references, variables
 from autotuner.errors import ScenarioError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
-from autotuner.sim.hardware import load_gpu
-from autotuner.sim.models import load_model
+from autotuner.vllm import FlagValue, flag_name
 from autotuner.workload.spec import (
     Arrivals,
     LengthDist,
@@ -38,31 +40,9 @@ from autotuner.workload.spec import (
 )
 from autotuner.workload.trace import load_trace
 
-FlagValue = bool | int | float | str | list[str | int | float]
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """`${VAR}` in engine.command, engine.model and engine.env comes from the environment."""
-    env = os.environ if environ is None else environ
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in env:
-            raise ValueError(f"{text!r} uses ${{{name}}}, which is not set in the environment")
-        return env[name]
-
-    return _VAR.sub(value, text)
-
-
-def variables(text: str) -> list[str]:
-    """The names a `${VAR}` text refers to."""
-    return _VAR.findall(text)
 
 
 def _stored(info: ValidationInfo) -> bool:
@@ -107,7 +87,7 @@ class EngineSettings(_Model):
     def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
         normalised: dict[str, FlagValue] = {}
         for name, value in flags.items():
-            key = name.removeprefix("--").replace("_", "-")
+            key = flag_name(name)
             if not _FLAG_NAME.match(key):
                 raise ValueError(f"flag name {name!r} is not a vLLM long option (like max-num-seqs)")
             if key in RESERVED_FLAGS:
@@ -121,12 +101,12 @@ class EngineSettings(_Model):
     def _command(cls, command: list[str] | None) -> list[str] | None:
         if command is not None and (not command or not all(command)):
             raise ValueError("command must be a non-empty list of non-empty strings")
-        return None if command is None else [_expand(part) for part in command]
+        return None if command is None else [expand(part) for part in command]
 
     @field_validator("model")
     @classmethod
     def _model(cls, model: str) -> str:
-        return _expand(model)
+        return expand(model)
 
     @field_validator("env")
     @classmethod
@@ -135,7 +115,7 @@ class EngineSettings(_Model):
         the database. Checked here, so that a missing variable is bad input at load."""
         if not _stored(info):
             for key, value in env.items():
-                resolved = _expand(str(value))
+                resolved = expand(str(value))
                 if is_secret_name(key) or any(is_secret_name(name) for name in variables(str(value))):
                     remember(resolved)
         return {k: str(v) for k, v in env.items()}
@@ -150,13 +130,13 @@ class EngineSettings(_Model):
     @field_serializer("env")
     def _env_as_stored(self, env: dict[str, str]) -> dict[str, str]:
         """`${VAR}` references as written; a literal value under a secret-looking name, masked."""
-        return {k: v if not is_secret_name(k) or (variables(v) and not _VAR.sub("", v).strip()) else REDACTED
+        return {k: v if not is_secret_name(k) or only_references(v) else REDACTED
                 for k, v in env.items()}
 
     def resolved_env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """engine.env with `${VAR}` looked up now: for the engine's process, never for storage."""
         try:
-            return {k: _expand(v, environ) for k, v in self.env.items()}
+            return {k: expand(v, environ) for k, v in self.env.items()}
         except ValueError as exc:
             raise ScenarioError(f"engine.env: {exc}") from None
 
@@ -167,7 +147,7 @@ class EngineSettings(_Model):
     def command_prefix(self) -> list[str]:
         if self.command:
             return list(self.command)
-        return backend_for(self.kind).default_command()
+        return list(KINDS[self.kind].default_command)
 
 
 class LengthSettings(_Model):
@@ -400,7 +380,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except (ValueError, TypeError, RecursionError) as exc:  # what pydantic does not wrap (e.g. deep nesting)
         raise ScenarioError(f"{path}: cannot be read as a scenario: {exc}") from None
     scenario = _model_from_scenario_folder(scenario)
-    if backend_for(scenario).simulated:
+    if KINDS[scenario.engine.kind].simulated:
         # The simulated box and model are read now: a bad GPU file or config.json is bad input, refused
         # before anything is started or written (each error names its own file and line).
         load_gpu(scenario.sim_gpu())

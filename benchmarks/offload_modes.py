@@ -30,11 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.trials.scoring import constraints_of, feasible
 from autotuner.tuner import offload_axis
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import offload_limit_gib, offload_shape
+from autotuner.vllm import FlagValue
 
 GPU_16GB = """name: pcie-16gb
 product_name: NVIDIA GeForce RTX 4060 Ti

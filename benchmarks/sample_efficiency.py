@@ -53,13 +53,14 @@ import structlog
 import yaml
 from optuna.trial import TrialState
 
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.scoring import constraints_of, feasible
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import build_space
 from autotuner.tuner.study import Tuner
+from autotuner.vllm import FlagValue
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"

@@ -22,15 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from autotuner.catalog.gpus import _FILE_FIELDS, load_gpu
+from autotuner.catalog.models import load_model
 from autotuner.cli import app
-from autotuner.engine.launch import flag_argv, parse_set
+from autotuner.engine.launch import parse_set
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario, load_scenario
-from autotuner.sim.hardware import _FILE_FIELDS, load_gpu
-from autotuner.sim.models import load_model
 from autotuner.store.db import Store
 from autotuner.trials.scoring import threshold_of
 from autotuner.tuner.space import build_space
+from autotuner.vllm import flag_argv
 from autotuner.workload.trace import load_trace
 from tests.support.bad_inputs import CORPUS, scenario_for
 

@@ -6,9 +6,9 @@ instead of comparing the kind to a string: which trial runner measures a candida
 monitor watches it, which extra argv the engine takes, how the study key names the engine, the GPUs
 and the model, and which preflight and offload checks apply.
 
-Imports: nothing of autotuner at the top but under TYPE_CHECKING (scenario, tuner.runners and store
-import this package, so a top-level import of theirs here would be a cycle); implementations import
-what they need inside their methods.
+Imports: of autotuner only the schema's engine kinds at the top (tuner.runner and store import this
+package, so a top-level import of theirs here would be a cycle); implementations import what they
+need inside their methods.
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotuner.engine_kinds import KINDS
+
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runners import TrialRunner
+    from autotuner.vllm import FlagValue
 
 
 class Backend(ABC):
-    """What one engine kind is. The flags are class attributes; the methods take the scenario."""
+    """What one engine kind is. The flags are class attributes (`simulated`, the schema's, is read from
+    engine_kinds); the methods take the scenario."""
 
-    #: the engine runs the simulated vLLM (a simulated box, model preset, host), not a real engine
-    simulated: bool
     #: a trial starts an engine process (writes its log); False: evaluated in this process, virtual time
     runs_process: bool
     #: trials run on GPUs of this box (real, or the simulator's state directory) watched by a monitor;
@@ -47,9 +49,14 @@ class Backend(ABC):
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 
-    @abstractmethod
+    @property
+    def simulated(self) -> bool:
+        """The engine runs the simulated vLLM (a simulated box, model preset, host), not a real engine."""
+        return KINDS[self.name].simulated
+
     def default_command(self) -> list[str]:
         """The argv prefix before the model when the scenario names no engine.command."""
+        return list(KINDS[self.name].default_command)
 
     @abstractmethod
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:

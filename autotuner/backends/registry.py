@@ -1,28 +1,27 @@
-"""The registry of engine backends: the names `engine.kind` takes, mapped to their backend objects.
+"""The registry of engine backends: the names `engine.kind` takes (the schema's `EngineKind`,
+engine_kinds.py), mapped to their backend objects.
 
-This is the one module that knows the kind strings (`EngineKind`, used by the scenario's schema);
-everything else asks `backend_for(...)`. A test (tests/backends) keeps it so.
+This is the one module that compares anything to the kind strings; everything else asks
+`backend_for(...)`. A test (tests/backends) keeps it so.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 from autotuner.backends.base import Backend
 from autotuner.backends.sim import SimBackend, VirtualBackend
 from autotuner.backends.vllm import VllmBackend
+from autotuner.engine_kinds import ENGINE_KINDS
 from autotuner.errors import ScenarioError
 
 if TYPE_CHECKING:
     from autotuner.scenario import EngineSettings, Scenario
 
-EngineKind = Literal["vllm", "sim", "sim-virtual"]
-
 VLLM: Backend = VllmBackend("vllm")
 SIM: Backend = SimBackend("sim")
 SIM_VIRTUAL: Backend = VirtualBackend("sim-virtual")
 BACKENDS: dict[str, Backend] = {b.name: b for b in (VLLM, SIM, SIM_VIRTUAL)}
-ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
 assert tuple(BACKENDS) == ENGINE_KINDS
 
 

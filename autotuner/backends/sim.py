@@ -3,23 +3,24 @@
 
 `sim_argv` is the one place the simulator's `--sim-*` arguments are built, for its process, its
 evaluator and a config read. The simulator (autotuner.sim.*) is imported inside methods only, so that
-importing this package (the CLI's start) does not load it; tuner.runners and tuner.gpu_guard likewise,
+importing this package (the CLI's start) does not load it; tuner.runner and tuner.trial likewise,
 since they import this package (a top-level import would be a cycle).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotuner.backends.base import Backend
+from autotuner.vllm import flag_argv
 
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runners import TrialRunner
+    from autotuner.vllm import FlagValue
 
 SIMULATED_HOST_BYTES = 256 << 30  # the simulated box's host RAM
 
@@ -47,17 +48,12 @@ def sim_argv(scenario: Scenario, *, speedup: bool = False, noise: bool = True, r
 class _Simulated(Backend):
     """What both simulated kinds share: the preset model and GPU, the simulated host."""
 
-    simulated = True
     accepts_unknown_flags = False
     checks_host_ram = False
     simulated_host_bytes = SIMULATED_HOST_BYTES
     version_note = "simulated"
 
-    def default_command(self) -> list[str]:
-        return [sys.executable, "-m", "autotuner.sim", "serve"]
-
     def default_limits(self, scenario: Scenario, flags: Mapping[str, FlagValue]) -> tuple[object, object]:
-        from autotuner.engine.launch import flag_argv
         from autotuner.sim.args import VllmArgError, build_config, parse_args
 
         try:
@@ -74,14 +70,14 @@ class _Simulated(Backend):
         return f"{VLLM_VERSION} ({self.version_note})"
 
     def gpu_inventory(self, scenario: Scenario) -> list[str]:
-        from autotuner.sim.hardware import load_gpu
+        from autotuner.catalog.gpus import load_gpu
 
         gpu = load_gpu(scenario.sim_gpu())
         return [f"{gpu.product_name} ({gpu.memory_gib} GiB, simulated)"] * scenario.sim_gpu_count()
 
     def model_fingerprint(self, scenario: Scenario) -> str:
         """The preset's (or config.json's) shape."""
-        from autotuner.sim.models import load_model
+        from autotuner.catalog.models import load_model
 
         return load_model(scenario.engine.model).fingerprint()
 

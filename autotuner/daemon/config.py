@@ -221,9 +221,9 @@ class DaemonConfig(_Model):
 
             return str(autotuner_home() / "autotuner.db")
         if "://" in self.storage:
-            from autotuner.scenario import _expand
+            from autotuner.env_references import expand
 
-            return _expand(self.storage)  # a password only via ${VAR}, looked up now
+            return expand(self.storage)  # a password only via ${VAR}, looked up now
         return str(self.resolve(Path(self.storage)))
 
 

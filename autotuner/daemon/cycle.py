@@ -47,9 +47,10 @@ from autotuner.daemon.state import (
 from autotuner.daemon.triggers import MODEL_SWAP, OBSERVED_LENGTHS, histogram_of
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.errors import AutotunerError, UserInputError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.verify import CONTEXT_MARGIN_TOKENS, Verdict, verify
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger("autotuner.daemon")
 

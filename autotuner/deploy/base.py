@@ -25,7 +25,7 @@ import yaml
 from autotuner.errors import AutotunerError
 from autotuner.export.atomic import write_text_atomic
 from autotuner.export.formats import Deployment, config_yaml_body, render_yaml
-from autotuner.scenario import FlagValue
+from autotuner.vllm import FlagValue
 
 DEFAULT_MODE = 0o644
 PREVIOUS_SUFFIX = ".previous"

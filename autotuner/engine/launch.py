@@ -14,27 +14,12 @@ from dataclasses import dataclass, field
 from autotuner.backends import backend_for
 from autotuner.engine.ports import free_port
 from autotuner.errors import UserInputError
-from autotuner.scenario import RESERVED_FLAGS, FlagValue, Scenario
+from autotuner.scenario import RESERVED_FLAGS, Scenario
 from autotuner.secrets import is_secret_name
-from autotuner.vllm import VllmKnowledge, knowledge_for
+from autotuner.vllm import FlagValue, VllmKnowledge, flag_argv, flag_name, knowledge_for
 
 API_KEY_VAR = "VLLM_API_KEY"
 REDACTED = "***"
-
-
-def flag_argv(flags: Mapping[str, FlagValue]) -> list[str]:
-    """vLLM's long options: true → --name, false → --no-name, a list → --name a b."""
-    argv: list[str] = []
-    for name, value in flags.items():
-        if value is True:
-            argv.append(f"--{name}")
-        elif value is False:
-            argv.append(f"--no-{name}")
-        elif isinstance(value, list):
-            argv += [f"--{name}", *map(str, value)]
-        else:
-            argv += [f"--{name}", str(value)]
-    return argv
 
 
 def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, FlagValue]:
@@ -44,7 +29,7 @@ def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, 
     out: dict[str, FlagValue] = {}
     for item in items:
         name, sep, raw = item.partition("=")
-        name = name.strip().removeprefix("--").replace("_", "-")
+        name = flag_name(name.strip())
         if not sep or not name:
             raise UserInputError(f"--set {item!r}: expected NAME=VALUE, e.g. --set max-num-batched-tokens=1024")
         if name in RESERVED_FLAGS:

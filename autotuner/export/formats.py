@@ -19,10 +19,12 @@ from typing import Any, Literal, get_args
 import yaml
 
 from autotuner.analysis.selection import Selection
-from autotuner.engine.launch import API_KEY_VAR, flag_argv
+from autotuner.engine.launch import API_KEY_VAR
+from autotuner.env_references import variables
 from autotuner.export.certificate import Certificate
-from autotuner.scenario import RESERVED_FLAGS, FlagValue, variables
+from autotuner.scenario import RESERVED_FLAGS
 from autotuner.secrets import is_secret_name
+from autotuner.vllm import FlagValue, flag_argv
 
 Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
 FORMATS: tuple[str, ...] = get_args(Format)

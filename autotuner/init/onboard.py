@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.export.atomic import write_text_atomic
 from autotuner.init.lengths import LengthFit, length_from_histogram
-from autotuner.scenario import FlagValue, Scenario
-from autotuner.vllm import Platform, VllmRuleError, knowledge_for
+from autotuner.scenario import Scenario
+from autotuner.vllm import FlagValue, Platform, VllmRuleError, knowledge_for
 from autotuner.vllm.cmdline import SECRET_FLAGS, ServeCommand, parse_serve_command, split_command
 from autotuner.watch.inventory import gpu_inventory
 from autotuner.watch.probe import probe

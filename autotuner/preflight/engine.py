@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from autotuner.backends import backend_for
-from autotuner.backends.vllm import version_argv
 from autotuner.preflight.report import Check
 from autotuner.scenario import Scenario
 from autotuner.vllm import KNOWN, SIMULATED_VERSION, is_known
+from autotuner.vllm.versions import VERSION_TIMEOUT_S, probe_version, version_argv
 
-VERSION_TIMEOUT_S = 30.0
 _FIX_COMMAND = ("install vLLM where this command can find it, or set engine.command to its full path, e.g. "
                 "[/path/to/venv/bin/vllm, serve] or [/path/to/venv/bin/python, -m, "
                 "vllm.entrypoints.openai.api_server, --model]")
@@ -34,27 +32,24 @@ def check_engine(scenario: Scenario) -> tuple[list[Check], str | None]:
         return [Check("engine command", "ok", "the built-in simulator"),
                 Check("vLLM version", "ok", f"{SIMULATED_VERSION} (simulated)")], SIMULATED_VERSION
     prefix = engine.command_prefix()
-    env = {**os.environ, **engine.env}
+    env = {**os.environ, **engine.resolved_env()}
     found = resolve_command(prefix[0], env)
     if found is None:
         where = "is not an executable file" if os.sep in prefix[0] else "is not found on PATH"
         return [Check("engine command", "failed", f"engine.command: `{prefix[0]}` {where}", _FIX_COMMAND)], None
+    probe = probe_version(prefix, env)
     argv = version_argv([found, *prefix[1:]])
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False,
-                             env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    if probe.timed_out:
         return [Check("engine command", "warning", f"`{' '.join(argv[:2])}` did not answer within "
                       f"{VERSION_TIMEOUT_S:g} s", "check that the engine's installation works")], None
-    except OSError as exc:
-        return [Check("engine command", "failed", f"engine.command: `{found}` cannot run: {exc.strerror}",
+    if probe.start_error is not None:
+        return [Check("engine command", "failed", f"engine.command: `{found}` cannot run: {probe.start_error}",
                       _FIX_COMMAND)], None
-    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    if out.returncode != 0 or not lines:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return [Check("engine command", "warning", f"`{found} --version` exited {out.returncode}: {last}",
+    if probe.answer is None:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return [Check("engine command", "warning", f"`{found} --version` exited {probe.returncode}: {last}",
                       "run the command by hand: a broken installation fails every trial")], None
-    version = lines[-1].split()[-1]
+    version = probe.answer.split()[-1]
     checks = [Check("engine command", "ok", found)]
     if is_known(version):
         checks.append(Check("vLLM version", "ok", version))

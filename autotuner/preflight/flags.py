@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.preflight.report import Check
-from autotuner.scenario import FlagValue, Scenario
-from autotuner.vllm import Platform, VllmKnowledge
+from autotuner.scenario import Scenario
+from autotuner.vllm import FlagValue, Platform, VllmKnowledge, flag_name
 
 _PARAM_KINDS = {"int": ("int",), "float": ("float", "int"), "bool": ("bool",), "categorical": ()}
 
@@ -33,7 +33,7 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
                       "at least one flag")]
     checks: list[Check] = []
     for raw, param in (scenario.search_space or {}).items():
-        name = raw.removeprefix("--").replace("_", "-")
+        name = flag_name(raw)
         spec = vllm.spec(name)
         if spec is None:
             continue
@@ -50,7 +50,7 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
 
     axis = (MODE, FREED)  # the offload axis: ours, turned into vLLM's flags per candidate
     names = [*fixed, *given, *(n for n in scenario.search_space or {} if n.removeprefix("--") not in axis)]
-    unknown = vllm.unknown(dict.fromkeys(n.removeprefix("--").replace("_", "-") for n in names))
+    unknown = vllm.unknown(dict.fromkeys(flag_name(n) for n in names))
     if unknown and not backend_for(engine).accepts_unknown_flags:
         return [Check("flags", "failed", f"the simulator does not know --{', --'.join(unknown)}",
                       "leave them out, or use engine.kind: vllm with a real vLLM")]

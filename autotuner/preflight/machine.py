@@ -26,7 +26,7 @@ def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
     from autotuner.tuner.gpu_guard import monitor_for
 
     if not backend_for(scenario).uses_box_gpus:  # virtual time: the GPUs are a model
-        from autotuner.sim.hardware import load_gpu
+        from autotuner.catalog.gpus import load_gpu
 
         try:
             gpu = load_gpu(scenario.sim_gpu())

@@ -32,7 +32,7 @@ def check_model(scenario: Scenario) -> Check:
     engine = scenario.engine
     model = engine.model
     if backend_for(engine).simulated:
-        from autotuner.sim.models import load_model
+        from autotuner.catalog.models import load_model
 
         try:
             spec = load_model(model)

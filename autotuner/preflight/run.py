@@ -15,8 +15,8 @@ from autotuner.preflight.model import check_model
 from autotuner.preflight.proxies import check_proxies
 from autotuner.preflight.report import PreflightError, Report
 from autotuner.preflight.workload import check_workload
-from autotuner.scenario import FlagValue, Scenario
-from autotuner.vllm import knowledge_for
+from autotuner.scenario import Scenario
+from autotuner.vllm import FlagValue, knowledge_for
 
 
 def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autotuner.preflight.report import Check
-from autotuner.scenario import FlagValue, LengthSettings, Scenario
+from autotuner.scenario import LengthSettings, Scenario
+from autotuner.vllm import FlagValue
 
 
 def _max_len(d: LengthSettings) -> int | None:

@@ -8,16 +8,20 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
-import yaml
-
+from autotuner.catalog.gpus import GIB, GpuSpec, load_gpu
+from autotuner.catalog.models import ModelSpec, load_model
 from autotuner.errors import HardwareSpecError, ModelSpecError
-from autotuner.sim.hardware import GIB, GpuSpec, load_gpu
-from autotuner.sim.models import ModelSpec, load_model
 from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
-from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, VllmRuleError, knowledge_for
+from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, ServeConfig, VllmRuleError, knowledge_for
+from autotuner.vllm.cmdline import (
+    ConfigFileError,
+    add_serve_arguments,
+    config_file_argv,
+    given_flags,
+    normalise_options,
+)
 
 VLLM_VERSION = SIMULATED_VERSION
 # Fast enough that a trial takes seconds, slow enough that the server keeps pace with its scaled
@@ -25,6 +29,8 @@ VLLM_VERSION = SIMULATED_VERSION
 DEFAULT_SPEEDUP = 10.0
 # The vLLM version whose flags, defaults and rules the simulator follows.
 VLLM = knowledge_for(SIMULATED_VERSION)
+# The options `--help` lists: the flags the simulator models (the others are accepted and ignored).
+SHOWN_OPTIONS = frozenset({"api-key", *(spec.name for spec in VLLM.flags.values() if spec.modeled)})
 
 
 class VllmArgError(Exception):
@@ -47,29 +53,18 @@ class SimOptions:
     ignore_cpu_offload: bool = False  # behave like vLLM builds that silently drop --cpu-offload-gb
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """A validated engine configuration: what `vllm serve` would run with."""
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(ServeConfig):
+    """A validated engine configuration: what `vllm serve` would run with (vLLM's resolved settings,
+    `ServeConfig`, never None here: the simulator knows its platform and model) and what the simulator
+    needs besides."""
 
     model: ModelSpec
     model_arg: str
     served_model_names: tuple[str, ...]
-    tensor_parallel_size: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    gpu_memory_utilization: float
-    cpu_offload_gb: float
-    enable_chunked_prefill: bool
-    enable_prefix_caching: bool
-    block_size: int
     enforce_eager: bool
     kv_cache_dtype: str
     sim: SimOptions
-    offload_backend: str = "none"  # the backend that runs (vLLM's `auto` resolved): none | uva | prefetch
-    offload_group_size: int = 0
-    offload_num_in_group: int = 1
-    offload_prefetch_step: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = field(default=None, repr=False)
@@ -129,24 +124,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """vLLM's flags (from the one table of vLLM knowledge) and the simulator's own `--sim-*` flags.
+    """vLLM's command line (vllm/cmdline.py, typed as vLLM types it) and the simulator's own `--sim-*`
+    options.
     Defaults stay unset here: vLLM's defaults depend on the GPU and are applied in `build_config`."""
-    parser.add_argument("model_tag", nargs="?", help="preset name or directory with config.json")
-    parser.add_argument("--model", dest="model_flag", help="same as the positional MODEL")
-    parser.add_argument("--config", help="YAML file of long option names; the command line wins")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", nargs="+")
-    parser.add_argument("--api-key")
-    for spec in VLLM.flags.values():
-        names = [f"--{spec.name}", "-tp"] if spec.name == "tensor-parallel-size" else [f"--{spec.name}"]
-        shown = spec.help if spec.modeled else argparse.SUPPRESS  # accepted and ignored
-        if spec.kind == "bool":
-            parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=shown)
-        elif spec.kind == "list":
-            parser.add_argument(*names, nargs="+", help=shown)
-        else:
-            parser.add_argument(*names, type=spec.parser, choices=spec.choices, help=shown)
+    add_serve_arguments(parser, VLLM, typed=True, shown=SHOWN_OPTIONS.__contains__,
+                        model_help="preset name or directory with config.json")
+    parser.set_defaults(host="127.0.0.1", port=8000)
     sim = parser.add_argument_group("simulator")
     sim.add_argument("--sim-gpu", default="rtx-3090", help="a GPU preset or a YAML file describing one")
     sim.add_argument("--sim-gpus", type=int, help="GPUs in the simulated box (default: the TP size)")
@@ -164,36 +147,12 @@ def new_parser(prog: str = "vllm", conflict_handler: str = "error") -> argparse.
     return parser
 
 
-def config_file_argv(path: str) -> list[str]:
-    """`vllm serve --config f.yaml`: keys are long options; true → bare flag, false → --no-x."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise VllmArgError(f"vllm: error: cannot read config file {path}: {exc}", 2) from exc
-    if data is None:
-        return []
-    if not isinstance(data, dict):
-        raise VllmArgError(f"vllm: error: config file {path} must hold a mapping of option names", 2)
-    argv: list[str] = []
-    for key, value in data.items():
-        flag = "--" + str(key).replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False:
-            argv.append("--no-" + flag[2:])
-        elif isinstance(value, list):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def parse_args(
     argv: Sequence[str],
     parser: argparse.ArgumentParser | None = None,
 ) -> argparse.Namespace:
     parser = parser or new_parser()
-    argv = list(argv)
+    argv = normalise_options(argv)
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
@@ -202,21 +161,20 @@ def parse_args(
         # rest of the command line, so that the command line wins and a list option from the file (e.g.
         # served-model-name) cannot swallow the model tag.
         at = 1 if argv and not argv[0].startswith("-") else 0
-        argv = argv[:at] + config_file_argv(known.config) + argv[at:]
+        argv = argv[:at] + _config_file_argv(known.config) + argv[at:]
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return ns
 
 
-def _flags(ns: argparse.Namespace) -> dict[str, object]:
-    """The vLLM flags given on the command line, by long option name (unset ones left out)."""
-    out = {}
-    for name in VLLM.flags:
-        value = getattr(ns, name.replace("-", "_"), None)
-        if value is not None:
-            out[name] = value
-    return out
+def _config_file_argv(path: str) -> list[str]:
+    try:
+        return config_file_argv(path)
+    except ConfigFileError as exc:
+        if exc.exc is None:
+            raise VllmArgError(f"vllm: error: config file {path} must hold a mapping of option names", 2) from None
+        raise VllmArgError(f"vllm: error: cannot read config file {path}: {exc.exc}", 2) from exc.exc
 
 
 def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> EngineConfig:
@@ -230,7 +188,7 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
     except ModelSpecError as exc:
         raise VllmArgError(f"OSError: {exc}", 1) from exc
     gpu = load_gpu(ns.sim_gpu)
-    flags = _flags(ns)
+    flags = given_flags(ns, VLLM)
     tp = int(flags.get("tensor-parallel-size", 1))  # type: ignore[call-overload]
     num_gpus = ns.sim_gpus if ns.sim_gpus is not None else max(tp, 1)
     if num_gpus < 1 or ns.sim_speedup <= 0:
@@ -249,24 +207,12 @@ def build_config(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -
 
     api_key = ns.api_key or env.get("VLLM_API_KEY") or None
     return EngineConfig(
+        **{f.name: getattr(serve, f.name) for f in fields(ServeConfig)},
         model=model,
         model_arg=model_arg,
         served_model_names=tuple(ns.served_model_name or [model_arg]),
-        tensor_parallel_size=serve.tensor_parallel_size,
-        max_model_len=serve.max_model_len,
-        max_num_batched_tokens=serve.max_num_batched_tokens,
-        max_num_seqs=serve.max_num_seqs,
-        gpu_memory_utilization=serve.gpu_memory_utilization,
-        cpu_offload_gb=serve.cpu_offload_gb,
-        enable_chunked_prefill=serve.enable_chunked_prefill,
-        enable_prefix_caching=serve.enable_prefix_caching,
-        block_size=serve.block_size,
         enforce_eager=bool(ns.enforce_eager),
         kv_cache_dtype=ns.kv_cache_dtype or "auto",
-        offload_backend=serve.offload_backend,
-        offload_group_size=serve.offload_group_size,
-        offload_num_in_group=serve.offload_num_in_group,
-        offload_prefetch_step=serve.offload_prefetch_step,
         sim=SimOptions(gpu=gpu, num_gpus=num_gpus, speedup=ns.sim_speedup, seed=ns.sim_seed,
                        noise=ns.sim_noise, run=ns.sim_run, ignore_cpu_offload=ns.sim_ignore_cpu_offload),
         host=ns.host,

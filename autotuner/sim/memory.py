@@ -49,8 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotuner.catalog.gpus import GIB
 from autotuner.sim.args import EngineConfig
-from autotuner.sim.hardware import GIB
 
 MIB = 1 << 20
 # Memory a CUDA context takes in each worker before vLLM's snapshot; not charged to the budget.

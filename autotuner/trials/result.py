@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from autotuner.scenario import FlagValue
 from autotuner.trials.outcomes import Outcome
+from autotuner.vllm import FlagValue
 
 Metrics = dict[str, float | int | None]
 # Told each phase a trial enters (starting, warm-up, replay, stopping), for the live view.

@@ -15,12 +15,13 @@ import typer
 from autotuner.analysis.study_data import load_study, open_store
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
 from autotuner.tuner.runners import TrialRunner
+from autotuner.vllm import FlagValue
 
 T = TypeVar("T")
 # Virtual-time runs of a later command start on fresh noise draws, past any the search used.

@@ -25,7 +25,7 @@ from autotuner.analysis.evidence import SoakVerdict, confirmations, soaks
 from autotuner.analysis.slo import combine
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue, LengthSettings, Scenario
+from autotuner.scenario import LengthSettings, Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
@@ -33,6 +33,7 @@ from autotuner.trials.scoring import threshold_of
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 from autotuner.tuner.replay_phase import peak_concurrency
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger(__name__)
 DEFAULT_DURATION_S = 600.0

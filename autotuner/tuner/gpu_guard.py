@@ -21,6 +21,7 @@ import psutil
 import structlog
 
 from autotuner.backends import backend_for
+from autotuner.catalog.gpus import load_gpu
 from autotuner.engine.gpu_locks import GpuLocks, GpusBusyError
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry
@@ -35,7 +36,6 @@ from autotuner.monitor.foreign import (
 )
 from autotuner.scenario import Scenario
 from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
-from autotuner.sim.hardware import load_gpu
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import psutil
 
 from autotuner.backends import backend_for
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
+from autotuner.vllm import FlagValue
 
 # Host RAM vLLM pins per GiB of --cpu-offload-gb, on each tensor-parallel worker (vLLM #56410).
 PINNED_HOST_PER_GIB = 1.9

@@ -12,12 +12,13 @@ import structlog
 
 from autotuner.engine.gpu_locks import GpusBusyError
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import Phase, TrialResult
 from autotuner.tuner.breaker import machine_fault_reason
 from autotuner.tuner.pruning import Pruner
 from autotuner.tuner.runners import TrialRunner
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger(__name__)
 

@@ -30,7 +30,7 @@ from autotuner.monitor import (
 )
 from autotuner.monitor.checks import wait_for_release
 from autotuner.monitor.foreign import MIB, ForeignMemory, unlisted_warning
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import Phase, TrialResult
 from autotuner.trials.scoring import threshold_of
@@ -38,6 +38,7 @@ from autotuner.tuner.gpu_guard import foreign_growth, foreign_within_allowance, 
 from autotuner.tuner.pruning import Pruner
 from autotuner.tuner.replay_phase import serve_and_replay
 from autotuner.tuner.trial_tasks import cancel, race
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger(__name__)
 

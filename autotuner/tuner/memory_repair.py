@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from autotuner.scenario import FlagValue
 from autotuner.tuner.memory_model import BUDGET, OFFLOAD, PROBE_MAX_P_OVER, UTIL, MemoryModel, flag_number
 from autotuner.tuner.space import Space
+from autotuner.vllm import FlagValue
 
 # Repair: a share of the utilization range given up costs this many shares of the budget's (log) range.
 # Utilization is the KV cache of every request in flight; a smaller budget only splits long prefills

@@ -45,8 +45,8 @@ def warm_started(model: MemoryModel, store: Store, old_study: str, scenario: Sce
     """`model` (a new study's, still without measurements) with the prior of an older study's fitted
     model rescaled to this scenario's model (a model swap or a warm start). Unchanged when the old
     study or either model's shape is unknown (a hub name that is not a local config.json)."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     record = store.study(old_study)
     if record is None or model.observations:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotuner.scenario import FlagValue
+from autotuner.vllm import FlagValue
 
 MODE = "offload-mode"
 FREED = "offload-gib"
@@ -117,8 +117,8 @@ def _int(value: FlagValue | None, default: int = 0) -> int:
 
 def layer_shape(model: str) -> LayerShape | None:
     """From a simulator preset or a local config.json (the TP split is applied by `per_gpu`)."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     try:
         spec = load_model(model)

@@ -14,11 +14,12 @@ import optuna
 import structlog
 from optuna.trial import TrialState
 
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store, TrialRecord
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import WORST_LATENCY_S, constraints_of, feasible
+from autotuner.vllm import FlagValue
 
 log = structlog.get_logger(__name__)
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 from autotuner.backends import SIM_VIRTUAL, Backend, backend_for
 from autotuner.engine.classify import clean_reason
-from autotuner.engine.launch import flag_argv
 from autotuner.engine.registry import EngineRegistry
 from autotuner.errors import ScenarioError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.sim.args import VLLM_VERSION, VllmArgError, build_config, parse_args
 from autotuner.sim.core import SimRequest
 from autotuner.sim.evaluate import EvalRequest, evaluate, synthetic_requests
@@ -30,6 +29,7 @@ from autotuner.trials.result import Phase, TrialResult
 from autotuner.trials.scoring import threshold_of
 from autotuner.tuner import pruning
 from autotuner.tuner.lifecycle import measure
+from autotuner.vllm import FlagValue, flag_argv
 from autotuner.workload.spec import LengthDist
 
 

@@ -37,8 +37,8 @@ class Shape:
     @classmethod
     def of(cls, scenario: Scenario) -> Shape | None:
         """From a preset or a local config.json; None for a hub name we cannot read offline."""
+        from autotuner.catalog.models import load_model
         from autotuner.errors import ModelSpecError
-        from autotuner.sim.models import load_model
 
         try:
             spec = load_model(scenario.engine.model)
@@ -86,7 +86,7 @@ def simulated_card_bytes(scenario: Scenario) -> int | None:
     """A simulated GPU's total; a real card's is known once a trial measured it."""
     if not backend_for(scenario).simulated:
         return None
-    from autotuner.sim.hardware import load_gpu
+    from autotuner.catalog.gpus import load_gpu
 
     try:
         return load_gpu(scenario.engine.sim.gpu).memory_bytes

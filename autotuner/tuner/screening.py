@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import SCREENED, Outcome, TrialKind
 from autotuner.trials.result import TrialResult
 from autotuner.tuner.budget import launched_trials
@@ -22,6 +22,7 @@ from autotuner.tuner.host_ram import host_ram_problem
 from autotuner.tuner.memory_model import MemoryModel
 from autotuner.tuner.memory_repair import repair
 from autotuner.tuner.space import FlagRules, Space
+from autotuner.vllm import FlagValue
 
 # Trials after the baseline placed by the memory model to pin the wall.
 WALL_PROBES = 2

@@ -11,10 +11,11 @@ import optuna
 from optuna.storages import RDBStorage
 
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue, Scenario
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import TrialKind
 from autotuner.tuner.space import FlagRules, Space
+from autotuner.vllm import FlagValue
 
 # A shared study is seeded by the worker that created it; others wait this long before doing it for a
 # creator that died meanwhile (seconds).

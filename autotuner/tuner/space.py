@@ -16,10 +16,10 @@ import structlog
 
 from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
-from autotuner.scenario import FlagValue, Scenario, SearchParam
+from autotuner.scenario import Scenario, SearchParam
 from autotuner.tuner import offload_axis
 from autotuner.tuner.host_ram import PINNED_HOST_PER_GIB
-from autotuner.vllm import ModelLimits, Platform, knowledge_for
+from autotuner.vllm import FlagValue, ModelLimits, Platform, flag_name, knowledge_for
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +68,8 @@ def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> floa
 
 def _weights_per_gpu_gib(scenario: Scenario) -> float | None:
     """From a preset or a local config.json; None for a hub name we cannot read offline."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     try:
         model = load_model(scenario.engine.model)
@@ -137,7 +137,7 @@ def build_space(scenario: Scenario, host_bytes: int | None = None) -> Space:
     dists: dict[str, optuna.distributions.BaseDistribution] = {}
     resolved: dict[str, SearchParam] = {}
     for raw_name, p in params.items():
-        name = raw_name.removeprefix("--").replace("_", "-")
+        name = flag_name(raw_name)
         if name in scenario.engine.flags:
             raise ScenarioError(f"{scenario.source or 'scenario'}: search_space.{raw_name} is also fixed in "
                                 "engine.flags; a flag is either fixed or searched")
@@ -242,8 +242,8 @@ def platform_of(inventory: Sequence[str]) -> Platform | None:
 def model_limits(scenario: Scenario) -> ModelLimits | None:
     """The model's heads and context from a simulator preset or a local config.json; None for a hub
     name (its rules are then vLLM's to check)."""
+    from autotuner.catalog.models import load_model
     from autotuner.errors import ModelSpecError
-    from autotuner.sim.models import load_model
 
     model = scenario.engine.model
     simulated = backend_for(scenario).simulated

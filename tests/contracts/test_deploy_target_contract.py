@@ -45,7 +45,7 @@ from autotuner.deploy import DeployError, DeployTarget, make_target, parse_deplo
 from autotuner.deploy.base import PREVIOUS_SUFFIX
 from autotuner.engine.ports import free_port
 from autotuner.engine.registry import EngineRegistry
-from autotuner.scenario import FlagValue
+from autotuner.vllm import FlagValue
 from tests.support.fake_services import REFUSED_KEY, FakeService
 
 A: dict[str, FlagValue] = {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.85,

@@ -35,12 +35,13 @@ import yaml
 
 from autotuner.analysis.slo import METRICS as SLO_METRICS
 from autotuner.engine.registry import EngineEntry, EngineRegistry
-from autotuner.scenario import FlagValue, Scenario, load_scenario
+from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.args import VLLM_VERSION
 from autotuner.sim.gpu_state import GpuHost, state_dir_from_env
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
 from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner
+from autotuner.vllm import FlagValue
 from autotuner.workload.summary import summarize
 from tests.support.quickstart import set_path
 from tests.support.waiting import wait_for

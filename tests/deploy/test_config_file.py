@@ -14,7 +14,7 @@ import pytest
 
 from autotuner.deploy import DeployError, DeployTarget, FileSpec, make_target, parse_deploy_spec
 from autotuner.deploy.base import ConfigFile
-from autotuner.sim.args import config_file_argv
+from autotuner.vllm.cmdline import config_file_argv
 
 A = {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.85, "enable-chunked-prefill": True}
 B = {"max-num-batched-tokens": 8192, "gpu-memory-utilization": 0.9, "cpu-offload-gb": 4}

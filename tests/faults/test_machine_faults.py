@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from autotuner.engine.registry import EngineRegistry
-from autotuner.scenario import FlagValue, load_scenario
+from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import clear_nvml_fault, inject_nvml_fault
 from autotuner.store.db import Store
 from autotuner.trials.result import Phase, TrialResult
 from autotuner.tuner.pruning import Pruner
 from autotuner.tuner.runners import MeasureRunner
 from autotuner.tuner.study import Tuner
+from autotuner.vllm import FlagValue
 from tests.support.faults import assert_engine_gone, registry_empty, sim_scenario
 
 

@@ -13,9 +13,9 @@ from types import ModuleType
 
 import yaml
 
+from autotuner.catalog.gpus import GPU_PRESETS
+from autotuner.catalog.models import MODEL_PRESETS
 from autotuner.sim.accuracy import SIM_ACCURACY
-from autotuner.sim.hardware import GPU_PRESETS
-from autotuner.sim.models import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data" / "published_runs.yaml"

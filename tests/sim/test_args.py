@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.catalog.gpus import load_gpu
+from autotuner.catalog.models import load_model
 from autotuner.errors import HardwareSpecError
 from autotuner.sim.args import VllmArgError, build_config, parse_args
-from autotuner.sim.hardware import load_gpu
-from autotuner.sim.models import load_model
 
 ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 

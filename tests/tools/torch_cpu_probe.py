@@ -16,7 +16,7 @@ from typing import Any
 def main() -> int:
     import torch
 
-    from autotuner.sim.models import ModelSpec
+    from autotuner.catalog.models import ModelSpec
     from tools.gpu_check.prefill import schedule_chunks
     from tools.gpu_check.torch_cuda import TorchCuda
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from autotuner.catalog.models import load_model
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario, load_scenario
-from autotuner.sim.models import load_model
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
 from autotuner.tuner.memory_model import BUDGET, OFFLOAD, UTIL, MemoryModel

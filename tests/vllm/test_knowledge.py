@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 
+from autotuner.catalog.gpus import GPU_PRESETS
 from autotuner.engine import classify
 from autotuner.engine.launch import parse_set
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.sim.args import VllmArgError, build_config, parse_args
-from autotuner.sim.hardware import GPU_PRESETS
 from autotuner.trials.outcomes import Outcome
 from autotuner.tuner.space import FlagRules, platform_of
 from autotuner.vllm import FlagTypeError, Platform, human_readable_int, is_known, knowledge_for, series_of

@@ -124,9 +124,9 @@ def parse_config(argv: list[str]) -> CheckConfig:
         raise BadInputError(f"--layers {ns.layers}: give at least 1")
     if ns.total_s <= 0 or ns.sampler_seconds <= 0:
         raise BadInputError("--total-s and --sampler-seconds must be greater than 0")
+    from autotuner.catalog.gpus import load_gpu
+    from autotuner.catalog.models import load_model
     from autotuner.errors import UserInputError
-    from autotuner.sim.hardware import load_gpu
-    from autotuner.sim.models import load_model
 
     try:
         spec = load_model(ns.model)

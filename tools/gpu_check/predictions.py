@@ -13,8 +13,8 @@ from tools.gpu_check.config import GIB, MIB, CheckConfig
 
 
 def sim_gpu(config: CheckConfig, total_bytes: int | None) -> Any:
-    from autotuner.sim.hardware import GIB as SIM_GIB
-    from autotuner.sim.hardware import load_gpu
+    from autotuner.catalog.gpus import GIB as SIM_GIB
+    from autotuner.catalog.gpus import load_gpu
 
     gpu = load_gpu(config.gpu_spec)
     return replace(gpu, memory_gib=total_bytes / SIM_GIB) if total_bytes else gpu

@@ -86,8 +86,8 @@ def run_step(config: CheckConfig, step: str, box_s: float, work: Path, log: Any)
 
 def setup_dry_run(work: Path, config: CheckConfig) -> None:
     """A private simulated GPU (the configured GPU description) for the dry run's NVML."""
+    from autotuner.catalog.gpus import load_gpu
     from autotuner.sim.gpu_state import STATE_DIR_ENV, GpuHost, make_gpus
-    from autotuner.sim.hardware import load_gpu
 
     gpu = load_gpu(config.gpu_spec)
     state = work / "gpus"

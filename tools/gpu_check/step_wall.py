@@ -16,8 +16,8 @@ from tools.gpu_check.records import Recorder
 
 
 def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
+    from autotuner.catalog.models import load_model
     from autotuner.monitor import Sampler
-    from autotuner.sim.models import load_model
 
     spec = load_model(config.model)
     monitor = open_nvml(config)

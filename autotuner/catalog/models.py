@@ -1,7 +1,7 @@
-"""Model shapes for the simulator: presets and Hugging Face `config.json` directories.
+"""Model shapes: presets and Hugging Face `config.json` directories.
 
-Only the shape matters to the simulator (bytes to read, FLOPs to do, KV bytes per token); no weights
-are ever loaded.
+Only the shape matters (bytes to read, FLOPs to do, KV bytes per token); no weights are ever loaded.
+The scenario validates engine.model with it, the simulator and the tuner's memory model compute with it.
 """
 
 from __future__ import annotations

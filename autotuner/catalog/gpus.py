@@ -1,4 +1,5 @@
-"""Simulated GPU kinds: presets and GPU description files.
+"""GPU kinds for the simulated box: presets and GPU description files (what a card is: its memory,
+bandwidths and throughput; what the simulator makes of them is sim/roofline.py's).
 
 The numbers are the facts note's (§5). `memory_gib` is what NVML reports as the card's total, which
 for a "24 GB" RTX 3090 is 23.69 GiB, not 24.
