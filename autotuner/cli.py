@@ -115,9 +115,9 @@ def measure(
     async def main() -> object:
         backend = backend_for(sc)
         if not backend.runs_process:  # evaluated here, in virtual time
-            from autotuner.tuner.runners import VirtualRunner
+            from autotuner.tuner.runners import VirtualRunner, runner_for
 
-            runner = backend.trial_runner(sc, logs)
+            runner = runner_for(sc, logs)
             assert isinstance(runner, VirtualRunner)
             return runner.evaluate(overrides)
         task = asyncio.current_task()
@@ -275,12 +275,12 @@ def tune(
         logs = log_dir or autotuner_home() / "logs" / sc.name
         _preflight(sc, storage or sc.storage, logs)
         # After the preflight: a broken setup is refused in a second, before Optuna is even imported.
-        from autotuner.backends import backend_for
         from autotuner.durations import parse_duration
         from autotuner.engine.gpu_locks import GpusBusyError
         from autotuner.store.db import Store, storage_error
         from autotuner.trust.commands import parse_confirm, run_after_tune
         from autotuner.tuner.groups import parse_setting, plan_groups
+        from autotuner.tuner.runners import runner_for
         from autotuner.tuner.space import build_space
         from autotuner.tuner.study import Tuner
 
@@ -291,7 +291,7 @@ def tune(
         trust_plan, soak_s = parse_confirm(confirm_plan), parse_duration(soak_for) or 0.0
         build_space(sc)  # a bad search space is refused before the database is created
         store = Store(storage or sc.storage)
-        runner = backend_for(sc).trial_runner(sc, logs)
+        runner = runner_for(sc, logs)
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
                       warm_start=warm_start, gpu_groups=groups)
     except UserInputError as exc:

@@ -2,28 +2,27 @@
 backend (`vllm`, `sim`, `sim-virtual`) implements.
 
 Everything in autotuner that depends on `engine.kind` asks the scenario's backend (`backend_for`)
-instead of comparing the kind to a string: which trial runner measures a candidate, which memory
-monitor watches it, which extra argv the engine takes, how the study key names the engine, the GPUs
-and the model, and which preflight and offload checks apply.
+instead of comparing the kind to a string: whether a trial runs an engine process (the tuner picks its
+runner by that), which memory monitor watches it, which extra argv the engine takes, how the study key
+names the engine, the GPUs and the model, and which preflight and offload checks apply.
 
-Imports: of autotuner only the schema's engine kinds at the top (tuner.runner and store import this
-package, so a top-level import of theirs here would be a cycle); implementations import what they
-need inside their methods.
+Layer: above the parts it composes (engine, monitor, sim, catalog), below analysis and the tuner, which
+ask it; so it never imports them. The simulator is imported inside methods: the CLI's start does not
+load it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from autotuner.engine_kinds import KINDS
+from autotuner.monitor import MemoryMonitor, open_monitor
 
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
     from autotuner.scenario import Scenario
-    from autotuner.tuner.runners import TrialRunner
     from autotuner.vllm import FlagValue
 
 
@@ -58,9 +57,11 @@ class Backend(ABC):
         """The argv prefix before the model when the scenario names no engine.command."""
         return list(KINDS[self.name].default_command)
 
-    @abstractmethod
-    def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        """The runner that measures one candidate; `first_run`: the first noise draw (virtual time)."""
+    def monitor(self, scenario: Scenario, root_pid: Callable[[], int | None] | None = None) -> MemoryMonitor:
+        """The memory monitor of the scenario's GPUs, as this backend watches them (the box's GPUs made
+        to exist first where they are simulated)."""
+        self.prepare_gpus(scenario)
+        return open_monitor(self.monitor_kind(scenario.monitor.kind), scenario.engine.gpus, root_pid=root_pid)
 
     def monitor_kind(self, configured: MonitorKind) -> MonitorKind:
         """The memory monitor kind a trial opens for the scenario's `monitor.kind`."""

@@ -3,14 +3,12 @@
 
 `sim_argv` is the one place the simulator's `--sim-*` arguments are built, for its process, its
 evaluator and a config read. The simulator (autotuner.sim.*) is imported inside methods only, so that
-importing this package (the CLI's start) does not load it; tuner.runner and tuner.trial likewise,
-since they import this package (a top-level import would be a cycle).
+importing this package (the CLI's start) does not load it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotuner.backends.base import Backend
@@ -19,7 +17,6 @@ from autotuner.vllm import flag_argv
 if TYPE_CHECKING:
     from autotuner.monitor.factory import MonitorKind
     from autotuner.scenario import Scenario
-    from autotuner.tuner.runners import TrialRunner
     from autotuner.vllm import FlagValue
 
 SIMULATED_HOST_BYTES = 256 << 30  # the simulated box's host RAM
@@ -88,18 +85,23 @@ class SimBackend(_Simulated):
     runs_process = True
     uses_box_gpus = True
 
-    def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runners import MeasureRunner
-
-        return MeasureRunner(scenario, log_dir)
-
     def monitor_kind(self, configured: MonitorKind) -> MonitorKind:
         return "sim" if configured == "auto" else configured  # the simulator's NVML (a monitor kind)
 
     def prepare_gpus(self, scenario: Scenario) -> None:
-        from autotuner.tuner.gpu_guard import ensure_sim_gpus
+        """The simulated box exists before its first engine starts, so it can be watched (and checked for
+        busy GPUs) like a real one."""
+        from autotuner.catalog.gpus import load_gpu
+        from autotuner.engine.gpu_locks import GpusBusyError
+        from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 
-        ensure_sim_gpus(scenario)
+        gpu = load_gpu(scenario.sim_gpu())
+        state = state_dir_from_env()
+        try:
+            GpuHost(state).ensure_inventory(make_gpus(state, gpu.product_name, gpu.memory_bytes,
+                                                      scenario.sim_gpu_count()))
+        except GpuInventoryConflict as exc:
+            raise GpusBusyError(f"simulated GPUs in {state}: {exc}") from None
 
     def box_gpu_indices(self, scenario: Scenario) -> list[int] | None:
         return list(range(scenario.sim_gpu_count()))
@@ -114,11 +116,6 @@ class VirtualBackend(_Simulated):
     runs_process = False
     uses_box_gpus = False
     version_note = "simulated, virtual time"
-
-    def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runners import VirtualRunner
-
-        return VirtualRunner(scenario, first_run=first_run)
 
     def argv_extras(self, scenario: Scenario, run: int | None = None) -> list[str]:
         return sim_argv(scenario, run=run)

@@ -1,8 +1,6 @@
 """The `vllm` backend: a real vLLM process, measured on this box's GPUs.
 
 The engine's version is vLLM's `probe_version` (vllm/versions.py), shared with `autotuner doctor`.
-tuner.trial (the memory monitor) and tuner.runner are imported inside methods: they import this
-package, so a top-level import would be a cycle.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from autotuner.vllm.versions import probe_version
 
 if TYPE_CHECKING:
     from autotuner.scenario import Scenario
-    from autotuner.tuner.runners import TrialRunner
     from autotuner.vllm import FlagValue
 
 
@@ -28,11 +25,6 @@ class VllmBackend(Backend):
     accepts_unknown_flags = True
     checks_host_ram = True
     simulated_host_bytes = None
-
-    def trial_runner(self, scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
-        from autotuner.tuner.runners import MeasureRunner
-
-        return MeasureRunner(scenario, log_dir)
 
     def argv_extras(self, scenario: Scenario, run: int | None = None) -> list[str]:
         return []
@@ -48,9 +40,7 @@ class VllmBackend(Backend):
         return probe.answer or "unknown"
 
     def gpu_inventory(self, scenario: Scenario) -> list[str]:
-        from autotuner.tuner.gpu_guard import monitor_for
-
-        with monitor_for(scenario) as monitor:
+        with self.monitor(scenario) as monitor:
             return [f"{d.name} ({d.total_bytes / 2**30:.2f} GiB)" for d in monitor.devices()]
 
     def model_fingerprint(self, scenario: Scenario) -> str:

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import structlog
 
-from autotuner.backends import backend_for
 from autotuner.daemon.config import LoadedConfig
 from autotuner.daemon.state import (
     CONFIRM,
@@ -193,11 +192,12 @@ class CycleDriver:
         return self.states.transition(cycle, TUNE)
 
     async def _tune(self, cycle: Cycle) -> Cycle:
+        from autotuner.tuner.runners import runner_for
         from autotuner.tuner.study import Tuner
         from autotuner.tuner.study_setup import study_name_for
 
         scenario = self.scenario_of(cycle)
-        runner = backend_for(scenario).trial_runner(scenario, self.log_dir)
+        runner = runner_for(scenario, self.log_dir)
         name = cycle.study_name or f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
         if cycle.study_name is None:
             self.states.update(cycle, study_name=name)
@@ -255,11 +255,12 @@ class CycleDriver:
         from autotuner.analysis.selection import select
         from autotuner.export.certificate import build_certificate
         from autotuner.trust.commands import FRESH_RUNS, after_tune, parse_confirm, runner_factory
+        from autotuner.tuner.runners import runner_for
 
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
         top, repeats = parse_confirm(self.config.tune.confirm)
-        runner = backend_for(scenario).trial_runner(scenario, self.log_dir, first_run=FRESH_RUNS)
+        runner = runner_for(scenario, self.log_dir, first_run=FRESH_RUNS)
         try:
             await after_tune(scenario, self.store, cycle.study_name, runner, runner_factory(self.log_dir, FRESH_RUNS),
                              top, repeats, self.config.tune.soak_s)

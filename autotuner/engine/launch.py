@@ -8,10 +8,9 @@ it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotuner.backends import backend_for
 from autotuner.engine.ports import free_port
 from autotuner.errors import UserInputError
 from autotuner.scenario import RESERVED_FLAGS, Scenario
@@ -79,16 +78,16 @@ def _secret(name: str) -> bool:
 
 
 def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: int | None = None,
-                environ: Mapping[str, str] | None = None) -> LaunchPlan:
+                environ: Mapping[str, str] | None = None, extras: Sequence[str] = ()) -> LaunchPlan:
+    """The engine's argv and environment; `extras`: what its backend adds after vLLM's flags (the
+    simulator's `--sim-*`)."""
     environ = os.environ if environ is None else environ
     engine = scenario.engine
     flags: dict[str, FlagValue] = {**engine.flags, **candidate}
     port = port or free_port()
     argv = [*engine.command_prefix(), engine.model, "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", engine.name, *flag_argv(flags)]
-    backend = backend_for(engine)
-    if backend.runs_process:
-        argv += backend.argv_extras(scenario)
+    argv += extras
     env = {**environ, **engine.resolved_env(environ)}
     env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
     if engine.gpus is not None:

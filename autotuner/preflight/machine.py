@@ -23,7 +23,6 @@ _FIX_NVML = ("run on a machine whose NVIDIA driver works (`nvidia-smi` lists the
 def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
     """Open the scenario's monitor as a trial would, and read every device once."""
     from autotuner.monitor import busy_devices
-    from autotuner.tuner.gpu_guard import monitor_for
 
     if not backend_for(scenario).uses_box_gpus:  # virtual time: the GPUs are a model
         from autotuner.catalog.gpus import load_gpu
@@ -36,7 +35,7 @@ def check_gpus(scenario: Scenario) -> tuple[Check, Platform | None]:
         return Check("GPUs", "ok", f"{count} × {gpu.product_name} (simulated, virtual time)"), \
             Platform(gpu.product_name, gpu.memory_gib, count)
     try:
-        monitor = monitor_for(scenario)
+        monitor = backend_for(scenario).monitor(scenario)
     except UserInputError as exc:
         fix = _FIX_NVML if "NVML" in str(exc) or "nvml" in str(exc) else "pick GPUs this machine has in engine.gpus"
         return Check("GPUs", "failed", f"monitor.kind {scenario.monitor.kind}: {exc}", fix), None

@@ -13,14 +13,13 @@ from typing import Any, TypeVar
 import typer
 
 from autotuner.analysis.study_data import load_study, open_store
-from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
-from autotuner.tuner.runners import TrialRunner
+from autotuner.tuner.runners import TrialRunner, runner_for
 from autotuner.vllm import FlagValue
 
 T = TypeVar("T")
@@ -41,7 +40,7 @@ def parse_confirm(text: str) -> tuple[int, int]:
 
 def runner_factory(log_dir: Path, first_run: int = 0) -> Callable[[Scenario], TrialRunner]:
     def make(scenario: Scenario) -> TrialRunner:
-        return backend_for(scenario).trial_runner(scenario, log_dir, first_run)
+        return runner_for(scenario, log_dir, first_run)
     return make
 
 

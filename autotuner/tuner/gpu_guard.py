@@ -21,11 +21,10 @@ import psutil
 import structlog
 
 from autotuner.backends import backend_for
-from autotuner.catalog.gpus import load_gpu
 from autotuner.engine.gpu_locks import GpuLocks, GpusBusyError
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry
-from autotuner.monitor import HostMonitor, MemoryMonitor, MonitorError, open_monitor
+from autotuner.monitor import HostMonitor, MemoryMonitor, MonitorError
 from autotuner.monitor.foreign import (
     INTERFERENCE_BYTES,
     MIB,
@@ -35,30 +34,8 @@ from autotuner.monitor.foreign import (
     unlisted_warning,
 )
 from autotuner.scenario import Scenario
-from autotuner.sim.gpu_state import GpuHost, GpuInventoryConflict, make_gpus, state_dir_from_env
 
 log = structlog.get_logger(__name__)
-
-
-def monitor_for(scenario: Scenario, root_pid: Callable[[], int | None] | None = None) -> MemoryMonitor:
-    """The memory monitor of the scenario's GPUs, as its backend watches them."""
-    backend = backend_for(scenario)
-    backend.prepare_gpus(scenario)
-    kind = backend.monitor_kind(scenario.monitor.kind)
-    return open_monitor(kind, scenario.engine.gpus, root_pid=root_pid)
-
-
-def ensure_sim_gpus(scenario: Scenario) -> None:
-    """The simulated box exists before its first engine starts, so it can be watched (and checked for
-    busy GPUs) like a real one."""
-    gpu = load_gpu(scenario.sim_gpu())
-    count = scenario.sim_gpu_count()
-    state = state_dir_from_env()
-    host = GpuHost(state)
-    try:
-        host.ensure_inventory(make_gpus(state, gpu.product_name, gpu.memory_bytes, count))
-    except GpuInventoryConflict as exc:
-        raise GpusBusyError(f"simulated GPUs in {state}: {exc}") from None
 
 
 class GpuHeadroom(NamedTuple):
@@ -75,7 +52,7 @@ def gpu_headroom(scenario: Scenario, registry: EngineRegistry | None = None) -> 
     if not backend_for(scenario).uses_box_gpus or scenario.monitor.kind == "host":
         return None
     registry = registry or EngineRegistry()
-    with monitor_for(scenario) as monitor:
+    with backend_for(scenario).monitor(scenario) as monitor:
         if isinstance(monitor, HostMonitor):
             return None
         # Another tuner on these GPUs: say so now, not after the space was fitted around its engine.
@@ -94,7 +71,7 @@ def hold_gpus(scenario: Scenario) -> Iterator[None]:
     if not backend_for(scenario).uses_box_gpus or scenario.monitor.kind == "host":
         yield
         return
-    with monitor_for(scenario) as monitor:
+    with backend_for(scenario).monitor(scenario) as monitor:
         devices = [] if isinstance(monitor, HostMonitor) else [(d.index, d.uuid) for d in monitor.devices()]
     with GpuLocks(devices):
         yield

@@ -76,9 +76,8 @@ def box_gpus(scenario: Scenario) -> list[int] | None:
     if known is not None:
         return known
     from autotuner.monitor import HostMonitor
-    from autotuner.tuner.gpu_guard import monitor_for
 
-    with monitor_for(scenario) as monitor:
+    with backend_for(scenario).monitor(scenario) as monitor:
         if isinstance(monitor, HostMonitor):
             return None
         return [d.index for d in monitor.devices()]

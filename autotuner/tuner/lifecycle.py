@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.engine.gpu_locks import GpuLocks
 from autotuner.engine.launch import LaunchPlan, plan_launch
 from autotuner.engine.process import EngineProcess
@@ -34,7 +35,7 @@ from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import Phase, TrialResult
 from autotuner.trials.scoring import threshold_of
-from autotuner.tuner.gpu_guard import foreign_growth, foreign_within_allowance, monitor_for
+from autotuner.tuner.gpu_guard import foreign_growth, foreign_within_allowance
 from autotuner.tuner.pruning import Pruner
 from autotuner.tuner.replay_phase import serve_and_replay
 from autotuner.tuner.trial_tasks import cancel, race
@@ -76,9 +77,10 @@ async def measure(
     `monitor` replaces the scenario's (it is closed here too); `pruner` stops a hopeless replay early."""
     phase = on_phase or (lambda _p: None)
     registry = registry or EngineRegistry()
-    plan = plan_launch(scenario, candidate, port=port)
+    backend = backend_for(scenario)
+    plan = plan_launch(scenario, candidate, port=port, extras=backend.argv_extras(scenario))
     holder = _Engine()
-    monitor = monitor or monitor_for(scenario, holder.pid)
+    monitor = monitor or backend.monitor(scenario, holder.pid)
     locks: GpuLocks | None = None
     try:
         foreign: list[ForeignMemory] = []

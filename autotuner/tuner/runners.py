@@ -201,3 +201,11 @@ def _prune_in_virtual_time(result: TrialResult, pruner: pruning.Pruner, sims: li
             result.outcome, result.reason = Outcome.PRUNED, reason
             result.metrics = partial.metrics()
             return
+
+
+def runner_for(scenario: Scenario, log_dir: Path, first_run: int = 0) -> TrialRunner:
+    """The runner that measures the scenario's candidates: an engine process per trial where the backend
+    runs one, else the simulator's core in virtual time (`first_run`: its first noise draw)."""
+    if backend_for(scenario).runs_process:
+        return MeasureRunner(scenario, log_dir)
+    return VirtualRunner(scenario, first_run=first_run)

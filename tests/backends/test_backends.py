@@ -17,7 +17,7 @@ from autotuner.engine.launch import plan_launch
 from autotuner.engine_kinds import ENGINE_KINDS
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import EngineSettings, Scenario
-from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner
+from autotuner.tuner.runners import MeasureRunner, TrialRunner, VirtualRunner, runner_for
 
 REGISTRY = Path(autotuner.__file__).parent / "backends" / "registry.py"
 FLAGS = ("simulated", "runs_process", "uses_box_gpus", "accepts_unknown_flags", "checks_host_ram")
@@ -49,7 +49,7 @@ def test_each_backend_answers_every_question(kind: str, tmp_path: Path) -> None:
     assert (host is None) == (not backend.simulated) and (host is None or host > 0)
     assert backend.checks_host_ram == (not backend.simulated) == backend.accepts_unknown_flags
     assert backend.default_command() == sc.engine.command_prefix() and backend.default_command()
-    runner = backend.trial_runner(sc, tmp_path)
+    runner = runner_for(sc, tmp_path)  # the tuner's choice, by the backend's runs_process
     assert isinstance(runner, TrialRunner)
     assert isinstance(runner, VirtualRunner if kind == "sim-virtual" else MeasureRunner)
     assert backend.monitor_kind("auto") in ("auto", "sim") and backend.monitor_kind("host") == "host"
@@ -78,13 +78,14 @@ def test_the_sim_argv_extras_are_what_launches_the_simulator() -> None:
     extras = ["--sim-gpu", "rtx-4090", "--sim-speedup", "5.0", "--sim-seed", "3", "--sim-noise", "0.01",
               "--sim-gpus", "2"]
     assert SIM.argv_extras(sc) == extras
-    plan = plan_launch(sc, {"max-num-seqs": 8}, port=12345)
+    plan = plan_launch(sc, {"max-num-seqs": 8}, port=12345, extras=SIM.argv_extras(sc))
     assert plan.argv[-len(extras):] == extras and plan.argv[-len(extras) - 2:-len(extras)] == ["--max-num-seqs", "8"]
     bare = scenario("sim")  # engine.sim.gpus unset: the simulator takes the TP size
     assert SIM.argv_extras(bare) == ["--sim-gpu", "rtx-3090", "--sim-speedup", "10.0", "--sim-seed", "0",
                                      "--sim-noise", "0.03"]
-    for other in ("vllm", "sim-virtual"):  # neither launches the simulator's process
-        assert "--sim-gpu" not in " ".join(plan_launch(scenario(other), {}, port=12345).argv)
+    real = scenario("vllm")  # a real engine gets none of the simulator's arguments
+    assert "--sim-gpu" not in " ".join(plan_launch(real, {}, port=12345, extras=VLLM.argv_extras(real)).argv)
+    assert not SIM_VIRTUAL.runs_process  # and the virtual engine launches nothing
     assert VLLM.argv_extras(scenario("vllm")) == []
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotuner.backends import backend_for
 from autotuner.engine.gpu_locks import GpuLocks
 from autotuner.engine.ports import free_port
 from autotuner.engine.process import EngineProcess
@@ -20,7 +21,6 @@ from autotuner.engine.registry import EngineRegistry
 from autotuner.monitor import DeviceInfo, MemoryMonitor, MonitorError
 from autotuner.scenario import load_scenario
 from autotuner.sim.gpu_state import GpuHost
-from autotuner.tuner.gpu_guard import monitor_for
 from autotuner.tuner.lifecycle import measure
 from tests.support.quickstart import scenario
 
@@ -82,7 +82,8 @@ def sim_processes(state: Path) -> list[int]:
 
 
 def lock_is_free(sc_path: Path) -> bool:
-    with monitor_for(load_scenario(sc_path)) as monitor:
+    sc = load_scenario(sc_path)
+    with backend_for(sc).monitor(sc) as monitor:
         locks = GpuLocks([(d.index, d.uuid) for d in monitor.devices()])
         locks.acquire()
         locks.release()
@@ -94,7 +95,7 @@ def test_first_sample_failing_stops_the_engine_and_is_monitor_failed(home: Path,
     path = scenario(tmp_path)
     sc = load_scenario(path)
     # Call 1: the pre-launch baseline; call 2: the sampler's first sample, after the engine started.
-    monitor = FailingMonitor(monitor_for(sc), fail_from=2)
+    monitor = FailingMonitor(backend_for(sc).monitor(sc), fail_from=2)
     result = asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", monitor=monitor))
     assert result.outcome == "monitor-failed" and result.infrastructure
     assert not result.feasible and result.metrics == {}
@@ -108,7 +109,7 @@ def test_first_sample_failing_stops_the_engine_and_is_monitor_failed(home: Path,
 def test_sampler_dying_mid_run_is_no_memory_evidence(home: Path, tmp_path: Path, sim_state: Path) -> None:
     sc = load_scenario(scenario(tmp_path, workload__requests__count=32, engine__sim__speedup=5))
     # Enough samples to get the engine serving, then the monitor is gone for good.
-    monitor = FailingMonitor(monitor_for(sc), fail_from=300)
+    monitor = FailingMonitor(backend_for(sc).monitor(sc), fail_from=300)
     t0 = time.monotonic()
     result = asyncio.run(measure(sc, GOOD, log_dir=tmp_path / "logs", monitor=monitor))
     assert result.outcome == "monitor-failed" and result.infrastructure, result.outcome
