@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from autotuner.cli import app
+from autotuner.cli.app import app
 from autotuner.engine.launch import flag_argv, parse_set
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario, load_scenario
