@@ -52,7 +52,7 @@ def measure(
         logs = default_log_dir(sc, log_dir)
         warn_preflight(sc, None, logs, overrides)
     log_to_file(sc.name, False)
-    from rich.console import Console
+    from rich.console import Console  # start-up time, as the imports below
 
     from autotuner.view.requests import request_bar
     from autotuner.view.trial import print_trial
