@@ -1,5 +1,5 @@
 """`python -m autotuner`: the same as the `autotuner` command."""
 
-from autotuner.cli import main
+from autotuner.cli.app import main
 
 main()

@@ -11,7 +11,7 @@ in virtual time (`VirtualRunner`, noise 0, deterministic):
 
 For each, a grid over the budget (1024, 4096), utilization (0.84, 0.90) and GiB freed per GPU
 (0.5 … 12) — the offload axis of the search space (`offload-mode`, `offload-gib`,
-autotuner/tuner/offload_axis.py) — and the best output throughput among the points that meet the
+autotuner/trials/offload_axis.py) — and the best output throughput among the points that meet the
 scenario's SLO (TTFT p95), with: no offload, UVA only (`--cpu-offload-gb`), and UVA or prefetch
 (`--offload-backend prefetch` with G, K, S planned from the GiB). A grid, not the tuner: the question
 is what the backends allow, not how fast a sampler finds it.
@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 
 from autotuner.scenario import Scenario
+from autotuner.trials import offload_axis
 from autotuner.trials.scoring import constraints_of, feasible
-from autotuner.tuner import offload_axis
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import offload_limit_gib, offload_shape
 from autotuner.vllm import FlagValue

@@ -31,7 +31,7 @@ from autotuner.scenario import Scenario, load_scenario
 from autotuner.store.db import Store
 from autotuner.trials.scoring import threshold_of
 from autotuner.tuner.space import build_space
-from autotuner.vllm import flag_argv
+from autotuner.vllm.flags import flag_argv
 from autotuner.workload.trace import load_trace
 from tests.support.bad_inputs import CORPUS, scenario_for
 

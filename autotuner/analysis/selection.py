@@ -13,7 +13,7 @@ from autotuner.analysis.slo import combine
 from autotuner.analysis.study_data import StudyData, load_study
 from autotuner.errors import UserInputError
 from autotuner.store.db import TrialRecord
-from autotuner.tuner.offload_axis import from_flags
+from autotuner.trials.offload_axis import from_flags
 
 
 @dataclass

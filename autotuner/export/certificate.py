@@ -17,8 +17,8 @@ from autotuner.scenario import LengthSettings, Scenario
 from autotuner.sim.accuracy import SIM_ACCURACY
 from autotuner.store.db import TrialRecord
 from autotuner.trials import memory_margin
+from autotuner.trials.offload_axis import from_flags
 from autotuner.trials.scoring import threshold_of
-from autotuner.tuner.offload_axis import from_flags
 from autotuner.units import GIB, change, percent, rate, seconds
 
 # The figures a deployer asks about first, in the order they are shown.

@@ -46,7 +46,7 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
         elif spec.kind not in _PARAM_KINDS[param.type]:
             return [Check("flags", "failed", f"search_space.{raw}: type {param.type}, but --{name} takes "
                           f"{spec.allowed()}", f"use type {spec.kind} for {raw}")]
-    from autotuner.tuner.offload_axis import FREED, MODE
+    from autotuner.trials.offload_axis import FREED, MODE
 
     axis = (MODE, FREED)  # the offload axis: ours, turned into vLLM's flags per candidate
     names = [*fixed, *given, *(n for n in scenario.search_space or {} if n.removeprefix("--") not in axis)]

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.store.db import TrialRecord
+from autotuner.trials.offload_axis import from_flags
 from autotuner.trials.result import TrialResult
-from autotuner.tuner.offload_axis import from_flags
 
 OFFLOADED = re.compile(r"Total CPU offloaded parameters: ([\d.]+)")
 # Decimal GB, as the prefetch offloader prints them.

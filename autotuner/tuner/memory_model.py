@@ -48,8 +48,8 @@ import numpy as np
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.trials import offload_axis
 from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS, Outcome
-from autotuner.tuner import offload_axis
 from autotuner.tuner.scenario_memory import DEFAULT_MAX_NUM_SEQS, MAX_MODEL_LEN, Shape, simulated_card_bytes, step_cap
 from autotuner.tuner.space import Space, offload_shape
 from autotuner.vllm import FlagValue

@@ -17,7 +17,7 @@ import structlog
 from autotuner.backends import backend_for
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.scenario import Scenario, SearchParam
-from autotuner.tuner import offload_axis
+from autotuner.trials import offload_axis
 from autotuner.tuner.host_ram import PINNED_HOST_PER_GIB
 from autotuner.vllm import FlagValue, ModelLimits, Platform, flag_name, knowledge_for
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from autotuner.cli import app
+from autotuner.cli.app import app
 from autotuner.daemon.config import load_config
 from autotuner.engine.ports import free_port
 from autotuner.scenario import load_scenario

@@ -11,9 +11,9 @@ from autotuner.scenario import Scenario
 from autotuner.sim.args import VllmArgError, build_config, parse_args
 from autotuner.sim.evaluate import SyntheticWorkload, evaluate
 from autotuner.sim.memory import plan_startup, prefetch_init_line
+from autotuner.trials.offload_axis import LayerShape, from_flags, prefetch_plan, to_flags
 from autotuner.trials.outcomes import Outcome
 from autotuner.trust.offload import PREFETCHED
-from autotuner.tuner.offload_axis import LayerShape, from_flags, prefetch_plan, to_flags
 from autotuner.tuner.space import FlagRules
 from autotuner.vllm import VllmRuleError, resolve
 

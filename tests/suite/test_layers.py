@@ -18,10 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "autotuner"
 # Low to high. A room may import rooms of its own layer or of a lower one; never a higher one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "secrets", "filelines", "filelocks", "durations", "stats", "units", "proc_identity",
-              "logs")),
+              "env_references", "logs")),
     ("vLLM facts", ("vllm",)),
     ("presets and workloads", ("catalog", "workload")),
-    ("schema", ("scenario",)),
+    ("schema", ("engine_kinds", "scenario")),
     ("parts", ("trials", "store", "monitor", "sim", "engine")),
     ("engine kinds", ("backends",)),
     ("analysis", ("analysis",)),

@@ -16,9 +16,9 @@ import optuna
 import pytest
 import structlog
 
+from autotuner.backends import backend_for
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
-from autotuner.tuner.gpu_guard import ensure_sim_gpus
 from autotuner.tuner.lifecycle import measure
 from autotuner.tuner.runners import MeasureRunner
 from autotuner.tuner.space import build_space, fit_utilization_to_free
@@ -51,7 +51,8 @@ def holders() -> list[subprocess.Popen[str]]:
 def box(tmp_path: Path, **changes: object) -> Path:
     """The quickstart's simulated 8x RTX 3090, set up before anyone holds memory on it."""
     path = scenario(tmp_path, **changes)
-    ensure_sim_gpus(load_scenario(path))
+    sc = load_scenario(path)
+    backend_for(sc).prepare_gpus(sc)
     return path
 
 

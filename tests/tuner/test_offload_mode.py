@@ -12,9 +12,9 @@ import pytest
 from autotuner.errors import ScenarioError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
+from autotuner.trials.offload_axis import from_flags
 from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import constraints_of, feasible
-from autotuner.tuner.offload_axis import from_flags
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.space import build_space, offload_shape
 from autotuner.tuner.study import Tuner

@@ -96,9 +96,9 @@ def test_startup_timeout(home: Path, tmp_path: Path) -> None:
 
 def test_busy_gpus_are_refused_naming_the_pid(home: Path, tmp_path: Path, sim_state: Path) -> None:
     sc = load_scenario(scenario(tmp_path))
-    from autotuner.tuner.gpu_guard import ensure_sim_gpus
+    from autotuner.backends import backend_for
 
-    ensure_sim_gpus(sc)
+    backend_for(sc).prepare_gpus(sc)
     with WorkerPool(sim_state, [3]) as pool:
         pool.set_bytes([2 << 30])
         with pytest.raises(GpusBusyError, match=rf"GPU 3: 2048 MiB held by python\S* \(pid {pool.pids[0]}, 2048 MiB\)"

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autotuner.tuner.progress import LiveView, pareto_numbers
+from autotuner.view.live import LiveView, pareto_numbers
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 GIB = 1 << 30
@@ -133,7 +133,7 @@ def test_wide_terminal_fits_the_whole_reason() -> None:
 
 
 def test_pareto_numbers_ignore_infeasible_trials() -> None:
-    from autotuner.tuner.progress import FinishedRow
+    from autotuner.view.live import FinishedRow
 
     def row(n: int, values: list[float] | None, ok: bool) -> FinishedRow:
         return FinishedRow(n, "search", {}, "ok", ok, values, None, None, None, "")

@@ -1,4 +1,6 @@
-"""`autotuner status`: the studies in a storage at a glance, or the trials of one study."""
+"""`autotuner status`: the studies in a storage at a glance, the trials of one study, and `--watch`,
+which follows a running study from the database with the live view of `tune`. The numbers come from
+the analysis of a stored study; this module only lays them out."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from autotuner.analysis.study_data import load_study, open_store, read_study
 from autotuner.errors import UserInputError
 from autotuner.secrets import display_url
 from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS
-from autotuner.tuner.progress import LiveView
 from autotuner.units import flag_value, percent, seconds
+from autotuner.view.live import LiveView
 
 
 def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:

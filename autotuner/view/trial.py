@@ -1,4 +1,4 @@
-"""How a measured trial looks on a terminal."""
+"""How a measured trial looks on a terminal: `autotuner measure`'s outcome, flags and measures table."""
 
 from __future__ import annotations
 
