@@ -3,7 +3,7 @@ command that starts it when engine.command names none, and whether it runs the s
 engine.model and engine.sim.gpu are catalog entries, read when the scenario is loaded).
 
 The schema's own, below every backend: scenario.py validates with it and imports no backend;
-backends/registry.py maps each kind to its backend object, whose `default_command()` and `simulated`
+backends/kinds.py maps each kind to its backend object, whose `default_command()` and `simulated`
 are read from here.
 """
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from autotuner.preflight import run_checks
-from autotuner.preflight.model import check_model, hub_cache
-from autotuner.preflight.workload import check_workload
+from autotuner.preflight.model_checks import check_model, hub_cache
+from autotuner.preflight.workload_checks import check_workload
 from autotuner.scenario import load_scenario
 
 ROOT = Path(__file__).parent.parent

@@ -6,6 +6,6 @@ Light to import: no simulator, tuner or monitor module is loaded here (they are 
 """
 
 from autotuner.backends.base import Backend
-from autotuner.backends.registry import BACKENDS, SIM, SIM_VIRTUAL, VLLM, backend_for
+from autotuner.backends.kinds import BACKENDS, SIM, SIM_VIRTUAL, VLLM, backend_for
 
 __all__ = ["BACKENDS", "SIM", "SIM_VIRTUAL", "VLLM", "Backend", "backend_for"]

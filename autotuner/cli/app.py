@@ -11,7 +11,7 @@ from autotuner.cli.daemon import RUN_EPILOG, daemon_run, daemon_status
 from autotuner.cli.measure import MEASURE_EPILOG, measure
 from autotuner.cli.prepare import DOCTOR_EPILOG, INIT_EPILOG, doctor, init, verify
 from autotuner.cli.results import export, report, status
-from autotuner.cli.sim import PASSTHROUGH, sim_evaluate, sim_hold, sim_serve
+from autotuner.cli.simulator import PASSTHROUGH, sim_evaluate, sim_hold, sim_serve
 from autotuner.cli.trust import confirm, soak
 from autotuner.cli.tune import TUNE_EPILOG, tune
 

@@ -55,7 +55,7 @@ def measure(
     log_to_file(sc.name, False)
     from rich.console import Console  # start-up time, as the imports below
 
-    from autotuner.view.requests import request_bar
+    from autotuner.view.request_bar import request_bar
     from autotuner.view.trial import print_trial
 
     try:

@@ -25,7 +25,7 @@ def verify(
     """Check a running endpoint with concurrent long prompts; exit 0 when every request succeeded."""
     from autotuner.scenario import load_scenario  # start-up time, as the imports below
     from autotuner.verify import run_verify
-    from autotuner.view.requests import request_bar
+    from autotuner.view.request_bar import request_bar
 
     configure_logging()
     with command_errors():

@@ -20,7 +20,7 @@ def status(
     interval: float = typer.Option(2.0, "--interval", help="seconds between refreshes with --watch"),
 ) -> None:
     """Studies in the storage and their trials; --watch follows a running study from another terminal."""
-    from autotuner.view.status import run_status  # the study's analysis: start-up time
+    from autotuner.view.study_status import run_status  # the study's analysis: start-up time
 
     with command_errors():
         if watch:
@@ -29,7 +29,7 @@ def status(
 
 
 def watch_status(storage: str, study: str | None, interval: float) -> int:
-    from autotuner.view.status import watch  # the study's analysis: start-up time
+    from autotuner.view.study_status import watch  # the study's analysis: start-up time
 
     if study is None:
         raise UserInputError("status --watch needs a study: autotuner status STUDY --watch")

@@ -4,7 +4,7 @@
 fix, exit 2, nothing written); `autotuner doctor` shows every check in a table.
 """
 
-from autotuner.preflight.report import Check, PreflightError, Report, Status
+from autotuner.preflight.checklist import Check, PreflightError, Report, Status
 from autotuner.preflight.run import preflight, run_checks
 
 __all__ = ["Check", "PreflightError", "Report", "Status", "preflight", "run_checks"]

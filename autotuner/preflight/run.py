@@ -8,13 +8,13 @@ from pathlib import Path
 
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
-from autotuner.preflight.engine import check_engine
-from autotuner.preflight.flags import check_flags
-from autotuner.preflight.machine import check_gpus, check_host_ram, check_log_dir, check_storage
-from autotuner.preflight.model import check_model
-from autotuner.preflight.proxies import check_proxies
-from autotuner.preflight.report import PreflightError, Report
-from autotuner.preflight.workload import check_workload
+from autotuner.preflight.checklist import PreflightError, Report
+from autotuner.preflight.engine_checks import check_engine
+from autotuner.preflight.flag_checks import check_flags
+from autotuner.preflight.machine_checks import check_gpus, check_host_ram, check_log_dir, check_storage
+from autotuner.preflight.model_checks import check_model
+from autotuner.preflight.proxy_checks import check_proxies
+from autotuner.preflight.workload_checks import check_workload
 from autotuner.scenario import Scenario
 from autotuner.vllm import FlagValue, knowledge_for
 

@@ -17,14 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from autotuner.errors import AutotunerError
 from autotuner.sim import tokens
 from autotuner.sim.args import VLLM_VERSION, EngineConfig
 from autotuner.sim.engine_loop import ENGINE_DEAD, SimEngine
-from autotuner.sim.metrics import CONTENT_TYPE
+from autotuner.sim.metrics_exporter import CONTENT_TYPE
 from autotuner.sim.response_stream import ResponseShape, error_body, sse, whole
 
 
-class ApiError(Exception):
+class ApiError(AutotunerError):
     """A request the API refuses, answered with OpenAI's error body."""
 
     def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:

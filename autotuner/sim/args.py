@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from autotuner.catalog.gpus import GIB, GpuSpec, load_gpu
 from autotuner.catalog.models import ModelSpec, load_model
-from autotuner.errors import HardwareSpecError, ModelSpecError
+from autotuner.errors import AutotunerError, HardwareSpecError, ModelSpecError
 from autotuner.sim.noise import DEFAULT_LEVEL as DEFAULT_NOISE
 from autotuner.vllm import SIMULATED_VERSION, ModelLimits, Platform, ServeConfig, VllmRuleError, knowledge_for
 from autotuner.vllm.cmdline import (
@@ -33,7 +33,7 @@ VLLM = knowledge_for(SIMULATED_VERSION)
 SHOWN_OPTIONS = frozenset({"api-key", *(spec.name for spec in VLLM.flags.values() if spec.modeled)})
 
 
-class VllmArgError(Exception):
+class VllmArgError(AutotunerError):
     """What vLLM would print before exiting with `exit_code`."""
 
     def __init__(self, message: str, exit_code: int) -> None:

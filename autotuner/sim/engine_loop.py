@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from autotuner.sim import tokens
 from autotuner.sim.args import EngineConfig
 from autotuner.sim.core import EngineCore, SimRequest, StepResult
-from autotuner.sim.metrics import EngineMetrics
+from autotuner.sim.metrics_exporter import EngineMetrics
 from autotuner.sim.vllm_log import VllmLog
 from autotuner.sim.worker_pool import SimWorkerError, WorkerPool
 

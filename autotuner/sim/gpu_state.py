@@ -37,7 +37,6 @@ create it first, or a symlink in its place, and feed us their GPU state. Both ar
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -49,7 +48,8 @@ from pathlib import Path
 
 import psutil
 
-from autotuner.errors import UserInputError
+from autotuner.errors import AutotunerError, UserInputError
+from autotuner.filelocks import exclusive
 from autotuner.proc_identity import same_start
 
 STATE_DIR_ENV = "AUTOTUNER_SIM_STATE_DIR"
@@ -71,7 +71,7 @@ class SimStateDirError(UserInputError):
     """The state directory is a symlink or someone else's."""
 
 
-class GpuInventoryConflict(Exception):  # noqa: N818 - the name the rest of the simulator uses
+class GpuInventoryConflict(AutotunerError):  # noqa: N818 - the name the rest of the simulator uses
     """The state directory already describes other GPUs, and live processes hold memory on them."""
 
     def __init__(self, state_dir: Path, pids: list[int]) -> None:
@@ -218,12 +218,8 @@ class GpuHost:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self.state_dir / _LOCK_FILE, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with exclusive(self.state_dir / _LOCK_FILE):
+            yield
 
     def nvml_fault(self, index: int) -> int | None:
         """The NVML error code a query on GPU `index` fails with now, if a fault is injected."""

@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 
 from autotuner.catalog.gpus import GIB
+from autotuner.errors import AutotunerError
 from autotuner.sim.args import EngineConfig
 
 MIB = 1 << 20
@@ -82,7 +83,7 @@ def gib(n: float) -> float:
     return round(n / GIB, 2)
 
 
-class StartupError(Exception):
+class StartupError(AutotunerError):
     """A startup failure, with the text vLLM logs for it."""
 
     def __init__(self, message: str, phase: str) -> None:

@@ -20,12 +20,13 @@ the roofline or the memory model compute.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from autotuner.filelocks import exclusive
 
 DEFAULT_LEVEL = 0.03
 SLOW_RUN_EVERY = 20
@@ -79,14 +80,10 @@ def next_run(state_dir: Path, seed: int) -> int:
     of the same seed is another run, as each `vllm serve` on a real box is."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / f"noise-runs-{seed}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(path) as fd:
         raw = os.read(fd, 32).decode(errors="replace").strip()
         run = int(raw) if raw.isdigit() else 0
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)
         os.write(fd, str(run + 1).encode())
         return run
-    finally:
-        os.close(fd)

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from autotuner.errors import AutotunerError
 from autotuner.sim.gpu_state import GpuHost, SimGpu, state_dir_from_env
 
 NVML_SUCCESS = 0
@@ -55,7 +56,7 @@ _ERROR_STRINGS = {
 }
 
 
-class NVMLError(Exception):
+class NVMLError(AutotunerError):
     """pynvml's error: ``NVMLError(code)`` returns an instance of the subclass for that code."""
 
     _code: int | None = None

@@ -19,11 +19,12 @@ from pathlib import Path
 from types import TracebackType
 
 import autotuner
+from autotuner.errors import AutotunerError
 
 WORKER_NAME_PREFIX = "VLLM::Worker_TP"
 
 
-class SimWorkerError(Exception):
+class SimWorkerError(AutotunerError):
     """A simulated worker died, refused a request or did not answer in time."""
 
 

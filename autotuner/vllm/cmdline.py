@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from autotuner.errors import UserInputError
+from autotuner.errors import AutotunerError, UserInputError
 from autotuner.secrets import is_secret_name
 from autotuner.vllm.flags import FlagSpec, FlagValue, flag_argv, flag_name
 from autotuner.vllm.versions import VllmKnowledge, knowledge_for
@@ -200,7 +200,7 @@ def _unknown_message(unknown: list[str], knowledge: VllmKnowledge) -> str:
             "(it is passed to vLLM unchecked there)")
 
 
-class ConfigFileError(Exception):
+class ConfigFileError(AutotunerError):
     """A `--config` file vLLM could not use: unreadable (`exc` says why), or not a mapping."""
 
     def __init__(self, path: str, exc: Exception | None = None) -> None:

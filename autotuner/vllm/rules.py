@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from autotuner.errors import AutotunerError
 from autotuner.vllm import defaults as d
 from autotuner.vllm.defaults import Platform, scheduler_defaults
 from autotuner.vllm.flags import FlagValue
@@ -30,7 +31,7 @@ class ModelLimits:
     derived_max_model_len: int | None = None
 
 
-class VllmRuleError(Exception):
+class VllmRuleError(AutotunerError):
     """A configuration vLLM refuses at startup (exit code 1 there).
 
     kind `field`: pydantic's error on one field of `config_class` (`text` is pydantic's message);

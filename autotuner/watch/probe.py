@@ -16,13 +16,14 @@ from typing import Any
 
 import httpx
 
+from autotuner.errors import AutotunerError
 from autotuner.vllm import metrics as names
 from autotuner.watch.fingerprint import model_fingerprint
 from autotuner.watch.snapshot import LengthHistogram, ProductionSnapshot
 from autotuner.workload import prometheus
 
 
-class ProbeError(Exception):
+class ProbeError(AutotunerError):
     """One endpoint answered in a way we cannot read (the message never holds the API key)."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from autotuner.errors import AutotunerError
+
 ANCHOR = "Context:"
 WORD_POOL = (
     "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one",
@@ -36,11 +38,11 @@ FALLBACK_CHAT_OVERHEAD = 12  # tokens of a typical chat template around one user
 TOKENIZE_TIMEOUT_S = 30.0  # a replay's client has no read timeout; calibration must not hang on it
 
 
-class TokenizeUnavailableError(Exception):
+class TokenizeUnavailableError(AutotunerError):
     """The server has no /tokenize endpoint (HTTP 404 from the router, not a wrong model)."""
 
 
-class TokenizeError(Exception):
+class TokenizeError(AutotunerError):
     """/tokenize answered with an error other than a missing endpoint."""
 
 

@@ -19,6 +19,7 @@ from functools import cached_property
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotuner.errors import AutotunerError
 from autotuner.vllm import metrics as names
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
@@ -34,11 +35,11 @@ RUNNING = names.NUM_REQUESTS_RUNNING
 WAITING = names.NUM_REQUESTS_WAITING
 
 
-class MetricsParseError(ValueError):
+class MetricsParseError(AutotunerError, ValueError):
     pass
 
 
-class ScrapeError(Exception):
+class ScrapeError(AutotunerError):
     """/metrics could not be fetched or parsed (the engine may be down)."""
 
 

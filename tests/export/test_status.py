@@ -8,7 +8,7 @@ from rich.console import Console
 
 from autotuner.errors import UserInputError
 from autotuner.store.db import Store
-from autotuner.view.status import run_status
+from autotuner.view.study_status import run_status
 from tests.support.studies import MakeStudy, StudyDb
 
 

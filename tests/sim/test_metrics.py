@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from autotuner.sim.metrics import EngineMetrics
+from autotuner.sim.metrics_exporter import EngineMetrics
 from autotuner.vllm import metrics as names
 from autotuner.workload import prometheus
 

@@ -12,7 +12,7 @@ from autotuner.export.exporter import run_export
 from autotuner.export.report import run_report
 from autotuner.scenario import LengthSettings
 from autotuner.trust.soak import longest, soak_scenario
-from autotuner.view.status import run_status
+from autotuner.view.study_status import run_status
 from tests.support.virtual_studies import scenario, tune
 
 BUDGET = "max-num-batched-tokens"

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autotuner.view.requests import RequestBar
+from autotuner.view.request_bar import RequestBar
 from autotuner.workload.client import StreamingClient
 from autotuner.workload.replay import replay, request_listener
 from autotuner.workload.spec import Arrivals

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from autotuner.backends import VLLM
-from autotuner.preflight.engine import check_engine
+from autotuner.preflight.engine_checks import check_engine
 from autotuner.scenario import load_scenario
 from autotuner.vllm.versions import VERSION_SCRIPT, probe_version, version_argv
 

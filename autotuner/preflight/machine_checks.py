@@ -10,7 +10,7 @@ import psutil
 
 from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
-from autotuner.preflight.report import Check
+from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
 from autotuner.vllm import Platform
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from autotuner.backends import backend_for
-from autotuner.preflight.report import Check
+from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
 from autotuner.vllm import KNOWN, SIMULATED_VERSION, is_known
 from autotuner.vllm.versions import VERSION_TIMEOUT_S, probe_version, version_argv

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from autotuner.preflight.report import Check
+from autotuner.preflight.checklist import Check
 from autotuner.workload.proxies import mask_url
 
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")

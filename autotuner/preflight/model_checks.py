@@ -10,7 +10,7 @@ from pathlib import Path
 
 from autotuner.backends import backend_for
 from autotuner.errors import ModelSpecError
-from autotuner.preflight.report import Check
+from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
 
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")

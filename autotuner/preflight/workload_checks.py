@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotuner.preflight.report import Check
+from autotuner.preflight.checklist import Check
 from autotuner.scenario import LengthSettings, Scenario
 from autotuner.vllm import FlagValue
 
