@@ -2,5 +2,6 @@
 workload the scenario allows (soak), check that a requested CPU offload really happened (offload).
 
 Called by `autotuner tune` after the study loop and by `autotuner confirm` / `autotuner soak`; the
-evidence is stored as trials of kind `confirm` and `soak`, read back by `export` (summary.py).
+evidence is stored as trials of kind `confirm` and `soak`, read back by `analysis` (evidence.py) for
+`export` and `status`.
 """

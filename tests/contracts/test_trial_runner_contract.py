@@ -84,7 +84,7 @@ def tiny_scenario(tmp_path: Path, kind: str, name: str = "tiny", **changes: obje
 
 
 def make_runner(scenario: Scenario, tmp_path: Path) -> TrialRunner:
-    """As `autotuner tune` builds it (cli.py): the engine kind alone picks the implementation."""
+    """As `autotuner tune` builds it (cli/tune.py): the engine kind alone picks the implementation."""
     if scenario.engine.kind == "sim-virtual":
         return VirtualRunner(scenario)
     return MeasureRunner(scenario, tmp_path / "logs")
@@ -199,7 +199,7 @@ def test_ok_metrics_have_the_summary_key_set(request: pytest.FixtureRequest, kin
 
 def test_ok_metrics_hold_every_figure_an_slo_can_name(request: pytest.FixtureRequest, kind: str, trials: Trials,
                                                       tmp_path: Path) -> None:
-    """`export --slo` filters on these; a missing figure never meets an SLO (export/slo.py)."""
+    """`export --slo` filters on these; a missing figure never meets an SLO (analysis/slo.py)."""
     known_bug(request, kind, "sim-virtual", VIRTUAL_METRICS)
     r = trials.get(kind, "safe", tmp_path).result
     missing = [m for m in SLO_METRICS if r.metrics.get(m) is None]
