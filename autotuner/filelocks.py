@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 
 def open_lock_file(path: Path, mode: int = 0o644) -> int:
@@ -67,3 +70,22 @@ def release(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
     os.close(fd)
+
+
+class HeldLock(ABC):
+    """A lock held for a stretch of a run (the study database, a trial's GPUs): `acquire` raises when it is
+    taken, `release` lets go (and may be called when not held); `with` does both."""
+
+    @abstractmethod
+    def acquire(self) -> None: ...
+
+    @abstractmethod
+    def release(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()

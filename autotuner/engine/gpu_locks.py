@@ -16,11 +16,10 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 
 from autotuner.engine.registry import autotuner_home
 from autotuner.errors import InfrastructureError
-from autotuner.filelocks import read_holder, release, try_exclusive, write_holder
+from autotuner.filelocks import HeldLock, read_holder, release, try_exclusive, write_holder
 
 LOCKS_DIR = "locks"
 POLL_S = 0.1
@@ -53,7 +52,7 @@ class GpuInUseError(GpusBusyError):
     """Another trial of this process has an engine on the GPU (a scheduling fault, never expected)."""
 
 
-class GpuLocks:
+class GpuLocks(HeldLock):
     """Exclusive locks on GPUs given as (index, uuid); `acquire` takes all or none. `engine`: the locks of
     one engine's lifetime, which no other engine of this process may share."""
 
@@ -105,14 +104,6 @@ class GpuLocks:
                     continue
                 del _held[path]
             release(entry[0])  # closing drops the flock
-
-    def __enter__(self) -> GpuLocks:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.release()
 
 
 def _flock(path: Path, index: int, uuid: str, deadline: float) -> int:

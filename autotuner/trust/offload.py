@@ -60,21 +60,11 @@ def check(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any] | No
     if mode == "prefetch":  # the flags name layers; what the engine logged is the amount to find again
         return _check_prefetch(result, trials, logged)
     out: dict[str, Any] = {"requested_gib": requested, "logged_gib": logged, **_footprints(result, trials)}
-    loaded, ref_gib = out["model_load_gib"], out["reference_model_load_gib"]
-    if logged is None:
-        out.update(verified=False, reason=f"--cpu-offload-gb {requested:g} was asked, but the engine's load log "
-                   "names no offloaded parameters: this engine ignores the flag (vLLM #51396)")
-    elif not isinstance(loaded, int | float) or not isinstance(ref_gib, int | float):
-        out.update(verified=None, reason="no weights footprint to compare with (no trial without offload "
-                   "logged one)")
-    elif ref_gib - loaded < MIN_DROP_SHARE * min(requested, logged):
-        out.update(verified=False, reason=f"weights take {loaded:.2f} GiB on the GPU, against {ref_gib:.2f} GiB "
-                   f"without offload (trial {out['reference_trial']}): the footprint did not drop by the "
-                   f"{requested:g} GiB asked")
-    else:
-        out.update(verified=True, reason=f"logged {logged:.2f} GiB offloaded; weights {loaded:.2f} GiB on the "
-                   f"GPU against {ref_gib:.2f} GiB without offload")
-    return out
+    return _judge(out, logged, expected_drop=None if logged is None else min(requested, logged),
+                  not_logged=f"--cpu-offload-gb {requested:g} was asked, but the engine's load log names no "
+                  "offloaded parameters: this engine ignores the flag (vLLM #51396)",
+                  asked=f"{requested:g} GiB asked",
+                  held=f"logged {logged or 0:.2f} GiB offloaded")
 
 
 def _footprints(result: TrialResult, trials: list[TrialRecord]) -> dict[str, Any]:
@@ -91,19 +81,28 @@ def _check_prefetch(result: TrialResult, trials: list[TrialRecord], logged: floa
                                                     "offload-prefetch-step") if k in flags)
     out: dict[str, Any] = {"backend": "prefetch", "requested_gib": None, "logged_gib": logged,
                            **_footprints(result, trials)}
+    return _judge(out, logged, expected_drop=logged,
+                  not_logged=f"{plan} was asked, but the engine's load log has no PrefetchOffloader line: no "
+                  "layer left the GPU",
+                  asked=f"{logged or 0:.2f} GiB of layers the engine logged as offloaded",
+                  held=f"prefetch logged {logged or 0:.2f} GiB of layers offloaded")
+
+
+def _judge(out: dict[str, Any], logged: float | None, expected_drop: float | None, not_logged: str, asked: str,
+           held: str) -> dict[str, Any]:
+    """The verdict on both kinds of offload: the engine must log the offload, and the weights' footprint on
+    the GPU must drop against a comparable trial without offload by at least a share of what it should."""
     loaded, ref_gib = out["model_load_gib"], out["reference_model_load_gib"]
-    if logged is None:
-        out.update(verified=False, reason=f"{plan} was asked, but the engine's load log has no PrefetchOffloader "
-                   "line: no layer left the GPU")
+    if logged is None or expected_drop is None:
+        out.update(verified=False, reason=not_logged)
     elif not isinstance(loaded, int | float) or not isinstance(ref_gib, int | float):
         out.update(verified=None, reason="no weights footprint to compare with (no trial without offload "
                    "logged one)")
-    elif ref_gib - loaded < MIN_DROP_SHARE * logged:
+    elif ref_gib - loaded < MIN_DROP_SHARE * expected_drop:
         out.update(verified=False, reason=f"weights take {loaded:.2f} GiB on the GPU, against {ref_gib:.2f} GiB "
-                   f"without offload (trial {out['reference_trial']}): the footprint did not drop by the "
-                   f"{logged:.2f} GiB of layers the engine logged as offloaded")
+                   f"without offload (trial {out['reference_trial']}): the footprint did not drop by the {asked}")
     else:
-        out.update(verified=True, reason=f"prefetch logged {logged:.2f} GiB of layers offloaded; weights "
-                   f"{loaded:.2f} GiB on the GPU against {ref_gib:.2f} GiB without offload")
+        out.update(verified=True, reason=f"{held}; weights {loaded:.2f} GiB on the GPU against {ref_gib:.2f} GiB "
+                   "without offload")
     return out
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import TracebackType
 
 from autotuner.errors import UserInputError
-from autotuner.filelocks import read_holder, try_exclusive, write_holder
+from autotuner.filelocks import HeldLock, read_holder, try_exclusive, write_holder
 from autotuner.store.db import Store
 
 
-class StudyLock:
+class StudyLock(HeldLock):
     def __init__(self, store: Store) -> None:
         self.store = store
         self._fd: int | None = None
@@ -40,11 +39,3 @@ class StudyLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def __enter__(self) -> StudyLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.release()

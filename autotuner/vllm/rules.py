@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotuner.errors import AutotunerError
-from autotuner.vllm import defaults as d
+from autotuner.vllm import defaults
 from autotuner.vllm.defaults import Platform, scheduler_defaults
 from autotuner.vllm.flags import FlagValue
 
@@ -111,7 +111,7 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
     order; raises VllmRuleError with vLLM's message."""
     env = env or {}
     tp = _int(flags, "tensor-parallel-size")
-    tp = d.TENSOR_PARALLEL_SIZE if tp is None else tp
+    tp = defaults.TENSOR_PARALLEL_SIZE if tp is None else tp
     if tp < 1:
         raise _field("ParallelConfig", "tensor_parallel_size", "Input should be greater than 0", "greater_than", tp)
     if model is not None and model.num_heads % tp:
@@ -121,20 +121,20 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
         raise VllmRuleError("plain", f"World size ({tp}) is larger than the number of available GPUs "
                             f"({platform.count}) in this node. If this is intentional and you are using: "
                             "- ray, set '--distributed-executor-backend ray'.")
-    util = _float(flags, "gpu-memory-utilization", d.GPU_MEMORY_UTILIZATION)
+    util = _float(flags, "gpu-memory-utilization", defaults.GPU_MEMORY_UTILIZATION)
     if util > 1:
         raise _field("CacheConfig", "gpu_memory_utilization", "Input should be less than or equal to 1",
                      "less_than_equal", util)
     if util <= 0:
         raise _field("CacheConfig", "gpu_memory_utilization", "Input should be greater than 0", "greater_than",
                      util)
-    offload = _float(flags, "cpu-offload-gb", d.CPU_OFFLOAD_GB)
+    offload = _float(flags, "cpu-offload-gb", defaults.CPU_OFFLOAD_GB)
     if offload < 0:
         raise _field("UVAOffloadConfig", "cpu_offload_gb", "Input should be greater than or equal to 0",
                      "greater_than_equal", offload)
     backend, group, in_group, step = _offload(flags, offload)
     block_size = _int(flags, "block-size")
-    block_size = d.BLOCK_SIZE if block_size is None else block_size
+    block_size = defaults.BLOCK_SIZE if block_size is None else block_size
     if block_size < 1:  # 0.32: any positive size (older releases allowed only 1, 8, 16, 32, 64, 128)
         raise _field("CacheConfig", "block_size", "Input should be greater than 0", "greater_than", block_size)
 
@@ -157,7 +157,7 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
     if max_model_len is not None and max_model_len < 1:
         raise _field("ModelConfig", "max_model_len", "Input should be greater than 0", "greater_than", max_model_len)
 
-    chunked = _bool(flags, "enable-chunked-prefill", d.ENABLE_CHUNKED_PREFILL)
+    chunked = _bool(flags, "enable-chunked-prefill", defaults.ENABLE_CHUNKED_PREFILL)
     world_size = tp * (_int(flags, "pipeline-parallel-size") or 1)
     default_tokens, default_seqs = scheduler_defaults(platform, world_size) if platform is not None \
         else (None, None)
@@ -187,7 +187,7 @@ def resolve(flags: Mapping[str, FlagValue], platform: Platform | None = None, mo
             "value", f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
             "SchedulerConfig")
     return ServeConfig(tp, max_model_len, budget, seqs, util, offload, chunked,
-                       _bool(flags, "enable-prefix-caching", d.ENABLE_PREFIX_CACHING), block_size,
+                       _bool(flags, "enable-prefix-caching", defaults.ENABLE_PREFIX_CACHING), block_size,
                        backend, group, in_group, step)
 
 
@@ -197,13 +197,13 @@ def _offload(flags: Mapping[str, FlagValue], cpu_offload_gb: float) -> tuple[str
     backend ignores the other's fields), so it is not a violation here: the backend that runs is
     returned, and the search space never sets both."""
     raw_backend = flags.get("offload-backend")
-    requested = d.OFFLOAD_BACKEND if raw_backend is None else str(raw_backend)
+    requested = defaults.OFFLOAD_BACKEND if raw_backend is None else str(raw_backend)
     group = _int(flags, "offload-group-size")
-    group = d.OFFLOAD_GROUP_SIZE if group is None else group
+    group = defaults.OFFLOAD_GROUP_SIZE if group is None else group
     in_group = _int(flags, "offload-num-in-group")
-    in_group = d.OFFLOAD_NUM_IN_GROUP if in_group is None else in_group
+    in_group = defaults.OFFLOAD_NUM_IN_GROUP if in_group is None else in_group
     step = _int(flags, "offload-prefetch-step")
-    step = d.OFFLOAD_PREFETCH_STEP if step is None else step
+    step = defaults.OFFLOAD_PREFETCH_STEP if step is None else step
     for name, value, low in (("offload_group_size", group, 0), ("offload_num_in_group", in_group, 1),
                              ("offload_prefetch_step", step, 0)):
         if value < low:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotuner.vllm import defaults as d
+from autotuner.vllm import defaults
 from autotuner.vllm.defaults import Platform, scheduler_defaults
 from autotuner.vllm.flags import FLAGS_0_32, FlagSpec, FlagValue
 from autotuner.vllm.rules import ModelLimits, ServeConfig, VllmRuleError, resolve
@@ -48,8 +48,10 @@ class VllmKnowledge:
         """`vllm serve`'s values for the flags the tuner searches, on this platform."""
         budget, seqs = scheduler_defaults(platform, world_size)
         return {"max-num-batched-tokens": budget, "max-num-seqs": seqs,
-                "gpu-memory-utilization": d.GPU_MEMORY_UTILIZATION, "cpu-offload-gb": d.CPU_OFFLOAD_GB,
-                "enable-chunked-prefill": d.ENABLE_CHUNKED_PREFILL, "enable-prefix-caching": d.ENABLE_PREFIX_CACHING}
+                "gpu-memory-utilization": defaults.GPU_MEMORY_UTILIZATION,
+                "cpu-offload-gb": defaults.CPU_OFFLOAD_GB,
+                "enable-chunked-prefill": defaults.ENABLE_CHUNKED_PREFILL,
+                "enable-prefix-caching": defaults.ENABLE_PREFIX_CACHING}
 
     def resolve(self, flags: Mapping[str, FlagValue], platform: Platform | None = None,
                 model: ModelLimits | None = None, env: Mapping[str, str] | None = None) -> ServeConfig:

