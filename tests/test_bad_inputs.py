@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from autotuner.catalog.gpus import _FILE_FIELDS, load_gpu
 from autotuner.catalog.models import load_model
-from autotuner.cli import app
+from autotuner.cli.app import app
 from autotuner.engine.launch import parse_set
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario, load_scenario
