@@ -112,8 +112,10 @@ CASES = {
     "safe": Case(SAFE),
     "over-threshold": Case(OVER_THRESHOLD),
     # The footprint before the failing allocation brushes 0.97: the threshold is moved out of the way, so the
-    # allocation alone decides (as tests/tuner/test_trial.py does for its crash).
-    "allocation-fails": Case(ALLOCATION_FAILS, (("oom_threshold__fraction", 0.999),)),
+    # allocation alone decides (as tests/tuner/test_trial.py does for its crash). At 10x, not 100x: the
+    # failing step needs several prompts in one batch, and at 100x a busy box's few milliseconds between
+    # requests are simulated seconds, enough for each prompt to be prefilled alone.
+    "allocation-fails": Case(ALLOCATION_FAILS, (("oom_threshold__fraction", 0.999), ("engine__sim__speedup", 10))),
     # Started at 10x, not 100x: a startup that fails within the trial's first 0.5 s watch tick is recorded as
     # `interference` by MeasureRunner (its dead workers' memory counts as a stranger's; see the report).
     "no-kv-room": Case(NO_KV_ROOM, (("engine__sim__speedup", 10),)),
