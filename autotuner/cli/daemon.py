@@ -28,7 +28,7 @@ def daemon_run(
     """Run the daemon in the foreground (as a systemd or compose service)."""
     import asyncio  # start-up time, as the imports below
 
-    from autotuner.daemon.runner import Daemon
+    from autotuner.daemon.loop import Daemon
 
     configure_logging(log_format)
     with command_errors():
