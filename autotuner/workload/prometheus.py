@@ -222,10 +222,13 @@ async def poll(http: httpx.AsyncClient, base_url: str, interval_s: float, stop: 
 
 
 def peak(snapshots: list[Snapshot], name: str = KV_CACHE_USAGE) -> float | None:
-    """The highest `name` over the snapshots (those whose page does not parse are skipped)."""
+    """The highest `name` over the snapshots (those whose lines of it do not parse are skipped). Only
+    `name`'s sample lines are parsed: a run's pages are all read here, each with hundreds of samples."""
+    prefixes = (f"{name}{{", f"{name} ")
     values: list[float] = []
     for snapshot in snapshots:
+        lines = "\n".join(line for line in snapshot.page.splitlines() if line.startswith(prefixes))
         with contextlib.suppress(MetricsParseError):
-            if (value := snapshot.get(name)) is not None:
+            if (value := parse(lines, snapshot.t).get(name)) is not None:
                 values.append(value)
     return max(values) if values else None
