@@ -331,8 +331,10 @@ class Daemon:
             return
         trigger = fired[0]
         failures = self.states.failures_in_a_row()
+        # min_interval_s counts from the last cycle's start; the backoff after failures from its end.
         wait = backoff_s(self.config.min_interval_s, failures)
-        deferred = not force and last_at is not None and time.time() - last_at < wait
+        since_last = (cycles[0].ended_at or cycles[0].started_at) if failures and cycles else last_at
+        deferred = not force and since_last is not None and time.time() - since_last < wait
         for t in fired:
             if t.kind in self.noted:
                 continue

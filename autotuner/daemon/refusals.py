@@ -85,8 +85,8 @@ class Refusals:
 
 
 def backoff_s(base_s: float, failures: int, cap_s: float = 7 * 86400.0) -> float:
-    """The wait before the next cycle after `failures` failed cycles in a row: base, 2×, 4×, … (capped).
-    A base of 0 (tests, `min_interval_s: 0`) still waits a little after a failure: 30 s, doubling."""
+    """The wait before the next cycle after `failures` failed cycles in a row: the min interval, then twice
+    it, four times, … (capped at a week; a min interval under a second counts as one second)."""
     if failures <= 0:
         return base_s
-    return min(cap_s, max(base_s, 30.0) * 2.0 ** (failures - 1))
+    return min(cap_s, max(base_s, 1.0) * 2.0 ** failures)

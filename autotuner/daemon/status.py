@@ -38,7 +38,10 @@ def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str,
     counts = states.counts()
     failures = states.failures_in_a_row()
     started = [c.started_at for c in cycles]
-    earliest = (max(started) + backoff_s(config.min_interval_s, failures)) if started else time.time()
+    if failures and cycles:
+        earliest = (cycles[0].ended_at or cycles[0].started_at) + backoff_s(config.min_interval_s, failures)
+    else:
+        earliest = (max(started) + config.min_interval_s) if started else time.time()
     window = config.schedule_window
     if window is not None:
         opens = window.next_open(datetime.fromtimestamp(max(earliest, time.time())).astimezone())

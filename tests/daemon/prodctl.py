@@ -4,7 +4,7 @@
 `start` returns once the process is spawned, as `systemctl start` of a simple service does. DIR holds:
 model.txt (the model the service runs: a person swaps it there), port, config.yaml (the deployed
 `--config`), args.json (more simulator arguments, optional), start_delay (seconds, optional: a slow start),
-and, optional, trusted.yaml + break_args.json: any other config starts with those arguments (a production
+and, optional, trusted.yaml + break_args.json: any other config (by its flags) starts with those arguments (a production
 box that differs from the tuning one, so that a new candidate fails there). The service logs to vllm.log; at
 start, running.yaml receives the config it was started with.
 """
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
 
 def _pid(d: Path) -> int | None:
@@ -44,7 +45,8 @@ def start(d: Path) -> int:
     config = d / "config.yaml"
     args = json.loads((d / "args.json").read_text()) if (d / "args.json").is_file() else []
     trusted = d / "trusted.yaml"
-    if trusted.is_file() and config.read_bytes() != trusted.read_bytes():
+    # The flags, not the bytes: a config rewritten with another header is the same config.
+    if trusted.is_file() and yaml.safe_load(config.read_text()) != yaml.safe_load(trusted.read_text()):
         args += json.loads((d / "break_args.json").read_text())
     port = int((d / "port").read_text())
     model = (d / "model.txt").read_text().strip()
