@@ -27,6 +27,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from autotuner.errors import InfrastructureError
 from autotuner.logs import redact_secrets
 from autotuner.secrets import redact, remember
 
@@ -60,7 +61,7 @@ class NotifySettings(BaseModel):
         return list(dict.fromkeys(events))
 
 
-class _ServerError(Exception):
+class _ServerError(InfrastructureError):
     """A 5xx from the receiver: worth another try (internal to the retry loop, never raised out)."""
 
     def __init__(self, status: int) -> None:
