@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from autotuner.daemon.notify import NotifySettings
 from autotuner.deploy.spec import KINDS, DeploySpec
 from autotuner.errors import UserInputError
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
@@ -199,6 +200,8 @@ class DaemonConfig(_Model):
                                      "`autotuner daemon approve CONFIG CYCLE` (or `reject`)")
     tune: TuneSettings = TuneSettings()
     listen: ListenSettings = ListenSettings()
+    notify: NotifySettings | None = Field(default=None, description="a webhook told of cycle ends, rollbacks, "
+                                          "emergency mitigations and production going down or up")
     source: Path | None = Field(default=None, exclude=True)
 
     _min_interval = field_validator("min_interval_s", mode="before")(classmethod(lambda cls, v: duration_s(v)))

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from autotuner.daemon.state import DEPLOYED, FAILED, RESTORED, ROLLED_BACK, SKIPPED, STATES, CycleStore
+from autotuner.daemon.state import OUTCOMES, ROLLED_BACK, STATES, CycleStore
 from autotuner.daemon.triggers import CRASH, KV_PRESSURE, OOM
 from autotuner.errors import UserInputError
 
@@ -51,11 +51,6 @@ LAST_CYCLE_OUTCOME = "autotuner_daemon_last_cycle_outcome"
 DOWNTIME = "autotuner_daemon_downtime_seconds"
 MITIGATIONS = "autotuner_daemon_emergency_mitigations"
 REFUSALS = "autotuner_daemon_refused_configs"
-
-# How a cycle can end. The last three are the outcomes of the production-first cycle (mitigated at once,
-# stopped at proposed for approval, refused by production); they belong beside the others in state.py.
-MITIGATED, PROPOSED, REFUSED = "mitigated", "proposed", "refused"
-OUTCOMES = (DEPLOYED, ROLLED_BACK, RESTORED, SKIPPED, FAILED, MITIGATED, PROPOSED, REFUSED)
 
 Health = Callable[[], Mapping[str, Any]]
 

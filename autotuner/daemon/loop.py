@@ -30,6 +30,7 @@ from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
 from autotuner.daemon.keeper import FreeMemory, Keeper
 from autotuner.daemon.known_good import KnownGoodChain
+from autotuner.daemon.notify import Notifier
 from autotuner.daemon.refusals import OOM as OOM_REFUSAL
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
@@ -79,7 +80,7 @@ class Daemon:
 
         self.target = make_target(self.config.deploy)
         self.watch = TriggerWatch(self.config.triggers, self.config.production.log)
-        self.notifier = _notifier(self.config, deployment)
+        self.notifier = Notifier(self.config.notify, deployment)
         self.keeper = Keeper(target=self.target, endpoint=self.config.production.endpoint, states=self.states,
                              chain=self.chain, refusals=self.refusals, runtime=self.runtime,
                              startup_timeout_s=loaded.scenario.engine.startup_timeout_s,
@@ -88,8 +89,7 @@ class Daemon:
 
     # --- facts ----------------------------------------------------------------------------------------
     def notify(self, event: str, text: str, detail: dict[str, Any]) -> None:
-        if self.notifier is not None:
-            self.notifier.notify(event, text, detail)
+        self.notifier.notify(event, text, detail)
 
     def box(self) -> str:
         return box_fingerprint(self.states.reference())
@@ -158,7 +158,7 @@ class Daemon:
         if reaped:
             log.warning("daemon.reaped_orphans", pgids=reaped)
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(_collector(DaemonCollector, self))
+        registry.register(DaemonCollector(self.states, self.current_state, self.health_gauges))
         listen = self.config.listen
         server = DaemonServer(build_app(self.status, registry, listen.token_env), listen.host, listen.port)
         self.port = await server.start()
@@ -188,8 +188,7 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await health
             self.runtime.set(stopped_at=time.time())
-            if self.notifier is not None:
-                await self.notifier.aclose(5.0)
+            await self.notifier.aclose(5.0)
             await server.stop()
             log.info("daemon.stopped", deployment=self.states.deployment)
         return 0
@@ -450,22 +449,6 @@ class Daemon:
             ref = identity(snap, gpus)
             ref["study"] = cycle.study_name
             self.states.set_reference(ref)
-
-
-def _notifier(config: Any, deployment: str) -> Any:
-    settings = getattr(config, "notify", None)
-    try:
-        from autotuner.daemon.notify import Notifier
-    except ImportError:
-        return None
-    return Notifier(settings, deployment)
-
-
-def _collector(cls: Any, daemon: Daemon) -> Any:
-    try:
-        return cls(daemon.states, daemon.current_state, daemon.health_gauges)
-    except TypeError:  # a collector without the health gauges
-        return cls(daemon.states, daemon.current_state)
 
 
 def run_daemon(config_path: Path, once: bool = False) -> int:
