@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from autotuner import __version__
-from autotuner.cli.daemon import RUN_EPILOG, daemon_run, daemon_status
+from autotuner.cli.daemon import RUN_EPILOG, daemon_approve, daemon_plan, daemon_reject, daemon_run, daemon_status
 from autotuner.cli.measure import MEASURE_EPILOG, measure
 from autotuner.cli.prepare import DOCTOR_EPILOG, INIT_EPILOG, doctor, init, verify
 from autotuner.cli.results import export, report, status
@@ -55,6 +55,9 @@ sim_app.command("hold", context_settings=PASSTHROUGH, add_help_option=False)(sim
 app.add_typer(daemon_app, name="daemon")
 daemon_app.command("run", epilog=RUN_EPILOG)(daemon_run)
 daemon_app.command("status")(daemon_status)
+daemon_app.command("plan")(daemon_plan)
+daemon_app.command("approve")(daemon_approve)
+daemon_app.command("reject")(daemon_reject)
 
 
 def main() -> None:

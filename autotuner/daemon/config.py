@@ -95,6 +95,9 @@ class ProductionSettings(_Model):
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                                     description="the NAME of the variable holding the API key, never a key")
     log: Path | None = None
+    gpus: list[int] | None = Field(default=None, description="the GPU indices production runs on, when not all "
+                                   "of the box's: a scenario whose engine.gpus are disjoint from them tunes "
+                                   "while production keeps serving")
 
 
 class DriftSettings(_Model):
@@ -188,6 +191,12 @@ class DaemonConfig(_Model):
     triggers: TriggerSettings = TriggerSettings()
     window: str | None = None
     min_interval_s: float = Field(default=3600, ge=0)
+    max_downtime: str | None = Field(default="30m", description="the most a cycle may keep production down "
+                                     "(tune, confirm, soak and the restart): trials and the soak are planned "
+                                     "to fit, and the cycle stops early with the best verified so far")
+    approve: str = Field(default="auto", pattern=r"^(auto|manual)$",
+                         description="manual: a cycle stops at `proposed` with its evidence until "
+                                     "`autotuner daemon approve CONFIG CYCLE` (or `reject`)")
     tune: TuneSettings = TuneSettings()
     listen: ListenSettings = ListenSettings()
     source: Path | None = Field(default=None, exclude=True)
@@ -201,6 +210,19 @@ class DaemonConfig(_Model):
             Window.parse(v)
         return v
 
+    @field_validator("max_downtime", mode="before")
+    @classmethod
+    def _max_downtime(cls, v: Any) -> Any:
+        if v is not None:
+            if duration_s(v) <= 0:
+                raise ValueError("max_downtime must be > 0 (e.g. 30m), or null for no bound")
+            return str(v)
+        return v
+
+    @property
+    def max_downtime_s(self) -> float | None:
+        return None if self.max_downtime is None else duration_s(self.max_downtime)
+
     @property
     def schedule_window(self) -> Window | None:
         return None if self.window is None else Window.parse(self.window)
@@ -213,18 +235,22 @@ class DaemonConfig(_Model):
     def scenario_path(self) -> Path:
         return self.resolve(self.scenario)
 
-    def storage_url(self) -> str:
-        """The study database: as given (a relative SQLite path is relative to this file), else
-        $AUTOTUNER_HOME/autotuner.db."""
-        if self.storage is None:
+    def storage_url(self, scenario_storage: str | None = None) -> str:
+        """The study database: as given here (a relative SQLite path is relative to this file), else the
+        scenario's `storage:` (relative to the scenario file), else $AUTOTUNER_HOME/autotuner.db."""
+        storage, base = self.storage, self.source
+        if storage is None and scenario_storage is not None:
+            storage, base = scenario_storage, self.scenario_path
+        if storage is None:
             from autotuner.engine.registry import autotuner_home
 
             return str(autotuner_home() / "autotuner.db")
-        if "://" in self.storage:
+        if "://" in storage:
             from autotuner.env_references import expand
 
-            return expand(self.storage)  # a password only via ${VAR}, looked up now
-        return str(self.resolve(Path(self.storage)))
+            return expand(storage)  # a password only via ${VAR}, looked up now
+        path = Path(storage).expanduser()
+        return str(path if path.is_absolute() or base is None else base.parent / path)
 
 
 def _tag(exc: ValidationError) -> str | None:
@@ -237,6 +263,12 @@ def _tag(exc: ValidationError) -> str | None:
 class LoadedConfig:
     config: DaemonConfig
     scenario: Scenario
+
+    @property
+    def storage_url(self) -> str:
+        """The daemon's `storage:`, else the scenario's when its file sets one, else the default."""
+        given = self.scenario.storage if "storage" in self.scenario.model_fields_set else None
+        return self.config.storage_url(given)
 
 
 def load_config(path: str | Path) -> LoadedConfig:

@@ -25,6 +25,12 @@ import httpx
 import structlog
 
 from autotuner.daemon.config import LoadedConfig
+from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
+from autotuner.daemon.keeper import Keeper
+from autotuner.daemon.known_good import KnownGoodChain
+from autotuner.daemon.refusals import REJECTED, START, Refusals
+from autotuner.daemon.refusals import VERIFY as VERIFY_REFUSAL
+from autotuner.daemon.runtime import RuntimeStore
 from autotuner.daemon.state import (
     CONFIRM,
     DEPLOY,
@@ -33,6 +39,8 @@ from autotuner.daemon.state import (
     DONE,
     DRAIN,
     FAILED,
+    PROPOSED,
+    REJECTED_OUTCOME,
     RESTORED,
     ROLLBACK,
     ROLLED_BACK,
@@ -40,6 +48,7 @@ from autotuner.daemon.state import (
     TUNE,
     VERIFY,
     WINDOW,
+    WRITTEN,
     Cycle,
     CycleStore,
 )
@@ -53,7 +62,6 @@ from autotuner.vllm import FlagValue
 
 log = structlog.get_logger("autotuner.daemon")
 
-READY_POLL_S = 0.25
 
 
 @dataclass
@@ -126,11 +134,46 @@ def apply_changes(scenario: Scenario, changes: dict[str, Any]) -> Scenario:
 
 # --- the cycle ---------------------------------------------------------------------------------------
 
+# Of max_downtime, the share the search may use; the rest is confirmation, soak and the restart.
+TUNE_SHARE = 0.5
+# The soak is shortened to fit max_downtime, never below this share of what the config asks.
+MIN_SOAK_SHARE = 0.25
+
+
+@dataclass
+class CycleContext:
+    """What a cycle needs beyond its config: the daemon's stores, the keeper, and its hooks."""
+
+    keeper: Keeper
+    chain: KnownGoodChain
+    refusals: Refusals
+    runtime: RuntimeStore
+    notify: Callable[[str, str, dict[str, Any]], None]
+    own_traffic: Callable[[float, float], None]
+
+
+def drain_plan(scenario: Scenario, config: Any, target: DeployTarget) -> tuple[bool, str]:
+    """(must production stop for this tune, why)."""
+    from autotuner.backends import backend_for
+
+    if not backend_for(scenario).uses_box_gpus:
+        return False, "the scenario's engine runs in virtual time: production keeps serving"
+    ours, theirs = scenario.engine.gpus, config.production.gpus
+    if ours and theirs and not set(ours) & set(theirs):
+        return False, f"the tune runs on GPUs {ours}, production on {theirs}: production keeps serving"
+    if not target.can_take_down:
+        return True, ("the tune needs production's GPUs and the deploy target cannot take production down "
+                      "(a file target without stop/start)")
+    return True, "the tune needs production's GPUs: production stops for it"
+
+
 class CycleDriver:
-    """Runs a cycle from whatever state it is in to DONE."""
+    """Runs a cycle from whatever state it is in to DONE, or until it is parked (waiting for the window or a
+    person's approval): the daemon's loop polls production meanwhile and drives it again."""
 
     def __init__(self, loaded: LoadedConfig, states: CycleStore, store: Store, target: DeployTarget,
-                 stopping: asyncio.Event, log_dir: Path, now: Callable[[], datetime] = datetime.now) -> None:
+                 stopping: asyncio.Event, log_dir: Path, ctx: CycleContext,
+                 now: Callable[[], datetime] = datetime.now) -> None:
         self.config = loaded.config
         self.base = loaded.scenario
         self.states = states
@@ -138,58 +181,79 @@ class CycleDriver:
         self.target = target
         self.stopping = stopping
         self.log_dir = log_dir
+        self.ctx = ctx
         self.now = now
         self.tuner: Any = None
 
     # --- driving ----------------------------------------------------------------------------------
     async def run(self, cycle: Cycle) -> Cycle:
         steps = {DETECT: self._detect, WINDOW: self._window, DRAIN: self._drain, TUNE: self._tune,
-                 CONFIRM: self._confirm, DEPLOY: self._deploy, VERIFY: self._verify, ROLLBACK: self._rollback}
+                 CONFIRM: self._confirm, PROPOSED: self._proposed, DEPLOY: self._deploy, VERIFY: self._verify,
+                 ROLLBACK: self._rollback}
         while cycle.state != DONE:
+            before = cycle.state
             cycle = await steps[cycle.state](cycle)
+            if cycle.state == before:
+                return cycle  # parked
         return cycle
 
     def scenario_of(self, cycle: Cycle) -> Scenario:
         return apply_changes(self.base, (cycle.scenario or {}).get("changes", {}))
 
+    def fingerprint(self, cycle: Cycle) -> str:
+        return refusal_fingerprint(cycle.observed, self.scenario_of(cycle))
+
     def _fail(self, cycle: Cycle, reason: str) -> Cycle:
         log.warning("daemon.cycle_failed", cycle=cycle.id, state=cycle.state, reason=reason)
         return self.states.transition(cycle, ROLLBACK, {"reason": reason}, reason=reason)
+
+    def _stopping(self, cycle: Cycle) -> Cycle:
+        return self.states.transition(cycle, DONE, {"reason": "the daemon was asked to stop"}, outcome=SKIPPED)
 
     # --- steps -------------------------------------------------------------------------------------
     async def _detect(self, cycle: Cycle) -> Cycle:
         changes = tune_changes(self.base, cycle.trigger_kind, cycle.evidence, cycle.observed)
         try:
-            apply_changes(self.base, changes)
+            scenario = apply_changes(self.base, changes)
         except (UserInputError, ValueError) as exc:
             return self.states.transition(cycle, DONE, {"reason": f"cannot tune for it: {exc}"}, outcome=SKIPPED,
                                           reason=str(exc))
         if self.stopping.is_set():
-            return self.states.transition(cycle, DONE, {"reason": "the daemon was asked to stop"}, outcome=SKIPPED)
-        return self.states.transition(cycle, WINDOW, {"changes": changes}, scenario={"changes": changes},
+            return self._stopping(cycle)
+        drain, why = drain_plan(scenario, self.config, self.target)
+        if drain and not self.target.can_take_down:
+            return self.states.transition(cycle, DONE, {"reason": why}, outcome=SKIPPED,
+                                          reason=f"{why}: add deploy.stop and deploy.start, or give the scenario "
+                                                 "engine.gpus production does not use (production.gpus)")
+        return self.states.transition(cycle, WINDOW, {"changes": changes, "drain": drain, "why": why},
+                                      scenario={"changes": changes, "drain": drain, "drain_why": why},
                                       previous_flags=self.target.current(), warm_start=self.states.last_study())
 
+    def _drains(self, cycle: Cycle) -> bool:
+        return bool((cycle.scenario or {}).get("drain", True))
+
     async def _window(self, cycle: Cycle) -> Cycle:
-        window = self.config.schedule_window
-        while window is not None and not window.contains(self.now()):
-            if self.stopping.is_set():
-                return self.states.transition(cycle, DONE, {"reason": "the daemon was asked to stop"},
-                                              outcome=SKIPPED)
-            wait = (window.next_open(self.now()) - self.now()).total_seconds()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=max(0.05, min(wait, 5.0)))
         if self.stopping.is_set():
-            return self.states.transition(cycle, DONE, {"reason": "the daemon was asked to stop"}, outcome=SKIPPED)
-        return self.states.transition(cycle, DRAIN)
+            return self._stopping(cycle)
+        window = self.config.schedule_window
+        if window is not None and not window.contains(self.now()):
+            return cycle  # parked: the loop keeps polling production until the window opens
+        return self.states.transition(cycle, DRAIN if self._drains(cycle) else TUNE)
 
     async def _drain(self, cycle: Cycle) -> Cycle:
-        down_since = cycle.down_since or time.time()
-        self.states.update(cycle, down_since=down_since)
+        self.states.update(cycle, down_since=cycle.down_since or time.time())
         try:
             await asyncio.to_thread(self.target.stop)
         except DeployError as exc:
             return self._fail(cycle, f"could not take production down: {exc}")
         return self.states.transition(cycle, TUNE)
+
+    def _downtime_left(self, cycle: Cycle) -> float | None:
+        """Seconds of max_downtime left to this cycle (None: no bound, or production was never taken down)."""
+        bound = self.config.max_downtime_s
+        if bound is None or cycle.down_since is None:
+            return None
+        return bound - (time.time() - cycle.down_since)
 
     async def _tune(self, cycle: Cycle) -> Cycle:
         from autotuner.tuner.runners import runner_for
@@ -200,11 +264,12 @@ class CycleDriver:
         runner = runner_for(scenario, self.log_dir)
         name = cycle.study_name or f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
         if cycle.study_name is None:
-            self.states.update(cycle, study_name=name)
+            self.states.update(cycle, study_name=name,
+                               scenario={**(cycle.scenario or {}), "tune_started_at": time.time()})
         warm = cycle.warm_start if cycle.warm_start and cycle.warm_start != name else None
         interrupt = Interrupt(self.stopping)
         tuner = Tuner(scenario, runner, self.store, study_name=name, n_trials=self.config.tune.trials,
-                      timeout_s=self._tune_time(), warm_start=warm)
+                      timeout_s=self._tune_time(cycle), warm_start=warm)
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
         try:
@@ -230,13 +295,17 @@ class CycleDriver:
         window = self.config.schedule_window
         return window is not None and not window.contains(self.now())
 
-    def _tune_time(self) -> float | None:
-        budget = self.config.tune.timeout_s
+    def _tune_time(self, cycle: Cycle) -> float | None:
+        """The search's time: the tune timeout, cut to the window and to its share of max_downtime."""
+        limits = [self.config.tune.timeout_s]
         window = self.config.schedule_window
-        if window is None:
-            return budget
-        left = window.seconds_left(self.now())
-        return left if budget is None else min(budget, left)
+        if window is not None:
+            limits.append(window.seconds_left(self.now()))
+        left = self._downtime_left(cycle)
+        if left is not None and self.config.max_downtime_s is not None:
+            limits.append(max(1.0, self.config.max_downtime_s * TUNE_SHARE - (self.config.max_downtime_s - left)))
+        given = [x for x in limits if x is not None]
+        return min(given) if given else None
 
     async def _watch_window(self, tuner: Any, interrupt: Interrupt) -> None:
         window = self.config.schedule_window
@@ -251,6 +320,23 @@ class CycleDriver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), timeout=0.5)
 
+    def _soak_time(self, cycle: Cycle, top: int, repeats: int) -> float | None:
+        """The soak, shortened to fit what is left of max_downtime after confirmation and a restart (the
+        engine runs are estimated from the search's own pace); None when even a short soak does not fit."""
+        soak = self.config.tune.soak_s
+        left = self._downtime_left(cycle)
+        if left is None:
+            return soak
+        started = (cycle.scenario or {}).get("tune_started_at") or cycle.down_since or time.time()
+        per_run = (time.time() - started) / max(1, cycle.trials or 1)
+        restart = min(self.base.engine.startup_timeout_s, per_run)
+        room = left - top * repeats * per_run - restart
+        if room >= soak:
+            return soak
+        if room < soak * MIN_SOAK_SHARE:
+            return None
+        return room
+
     async def _confirm(self, cycle: Cycle) -> Cycle:
         from autotuner.analysis.selection import select
         from autotuner.export.certificate import build_certificate
@@ -260,10 +346,18 @@ class CycleDriver:
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
         top, repeats = parse_confirm(self.config.tune.confirm)
+        soak_s = self._soak_time(cycle, top, repeats)
+        if soak_s is None:
+            return self._fail(cycle, f"max_downtime {self.config.max_downtime} leaves no time to confirm and soak: "
+                              "production goes back on its previous config (raise max_downtime, or lower "
+                              "tune.trials)")
+        if soak_s < self.config.tune.soak_s:
+            self.states.note("planned", {"soak_s": round(soak_s, 1), "asked_soak_s": self.config.tune.soak_s,
+                                         "why": f"to stay within max_downtime {self.config.max_downtime}"}, cycle.id)
         runner = runner_for(scenario, self.log_dir, first_run=FRESH_RUNS)
         try:
             await after_tune(scenario, self.store, cycle.study_name, runner, runner_factory(self.log_dir, FRESH_RUNS),
-                             top, repeats, self.config.tune.soak_s)
+                             top, repeats, soak_s)
             selection = select(self.store.url, cycle.study_name, [], self.config.tune.policy)
         except Exception as exc:
             log.exception("daemon.confirm_failed", cycle=cycle.id)
@@ -275,110 +369,133 @@ class CycleDriver:
         if selection.missing:
             return self._fail(cycle, f"trial {selection.chosen.trial_number} is not verified: "
                               + "; ".join(selection.missing))
-        certificate = build_certificate(selection, [f"daemon deploy target {self.target.kind}"])
         flags = deploy_flags(selection, scenario)
+        refused = self.ctx.refusals.refused(self.fingerprint(cycle), flags)
+        if refused is not None:
+            return self._fail(cycle, f"the winner was refused by production before ({refused.kind}, {refused.count}×: "
+                              f"{refused.reason[:200]}); not deployed again")
+        if flags_equal(flags, cycle.previous_flags):
+            return self._fail(cycle, "the winner is the config production already runs: nothing to deploy")
+        certificate = build_certificate(selection, [f"daemon deploy target {self.target.kind}"])
         cert = {"lines": certificate.lines(), "trial": certificate.trial, "study": certificate.study,
                 "peak_fraction": certificate.peak_fraction,
                 "headroom_gib": [g.headroom_gib for g in certificate.memory],
                 "headroom_pct": [g.headroom_pct for g in certificate.memory]}
-        return self.states.transition(cycle, DEPLOY, {"trial": selection.chosen.trial_number, "flags": flags},
+        manual = self.config.approve == "manual" or not self.target.can_take_down
+        return self.states.transition(cycle, PROPOSED if manual else DEPLOY,
+                                      {"trial": selection.chosen.trial_number, "flags": flags},
                                       candidate_flags=flags, candidate_trial=selection.chosen.trial_number,
                                       certificate=cert)
 
+    async def _proposed(self, cycle: Cycle) -> Cycle:
+        """Waiting for a person: production serves meanwhile (back on its previous config if the tune took it
+        down); `autotuner daemon approve` or `reject` decides."""
+        if cycle.down_since is not None:
+            result = await self.ctx.keeper.bring_up("the cycle waits for approval", first=cycle.previous_flags,
+                                                    cycle_id=cycle.id)
+            self.states.update(cycle, down_since=None)
+            if not result.ok:
+                return self.states.transition(cycle, DONE, {"reason": result.reason}, outcome=FAILED,
+                                              reason=f"production did not come back while waiting: {result.reason}")
+            self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+        elif not self.states.events(kind="proposed", cycle_id=cycle.id, limit=1):
+            self.states.note("proposed", {"flags": cycle.candidate_flags, "trial": cycle.candidate_trial}, cycle.id)
+            self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+        decision = self.states.decision(cycle.id)
+        if decision is None:
+            return cycle  # parked
+        verdict, who = decision
+        if verdict == "reject":
+            self.ctx.refusals.record(self.fingerprint(cycle), cycle.candidate_flags or {}, REJECTED,
+                                     f"rejected by {who}", cycle.id)
+            return self.states.transition(cycle, DONE, {"reason": f"rejected by {who}"}, outcome=REJECTED_OUTCOME,
+                                          reason=f"rejected by {who}")
+        if not self.target.can_take_down:
+            # Approved, and the target only writes: the file is the deployment, a person restarts the service.
+            await asyncio.to_thread(self.target.write, cycle.candidate_flags or {})
+            self.ctx.runtime.set(live_flags=cycle.candidate_flags)
+            return self.states.transition(cycle, DONE, {"reason": "written; restart production to run it"},
+                                          outcome=WRITTEN, reason="written to the config file; production runs it "
+                                          "after its next restart")
+        return self.states.transition(cycle, DEPLOY, {"approved_by": who})
+
     async def _deploy(self, cycle: Cycle) -> Cycle:
         assert cycle.candidate_flags is not None
-        try:
-            if not flags_equal(self.target.current(), cycle.candidate_flags):
-                await asyncio.to_thread(self.target.write, cycle.candidate_flags)
-            self.states.update(cycle, down_since=cycle.down_since or time.time())
-            await asyncio.to_thread(self.target.apply)
-        except DeployError as exc:
-            return self._fail(cycle, f"deploy failed: {exc}")
+        self.states.update(cycle, down_since=cycle.down_since or time.time())
+        problem = await self.ctx.keeper.start_on(dict(cycle.candidate_flags))
+        if problem is not None:
+            self.ctx.refusals.record(self.fingerprint(cycle), cycle.candidate_flags, START, problem, cycle.id)
+            return self._fail(cycle, f"deploy failed: {problem}")
         return self.states.transition(cycle, VERIFY)
 
     async def _verify(self, cycle: Cycle) -> Cycle:
+        started = time.time()
         verdict = await self._check_production(cycle)
+        self.ctx.own_traffic(started, time.time())
         if not verdict.ok:
-            return self._fail(cycle, "verify failed: " + "; ".join(verdict.problems[:3]))
-        return self.states.transition(cycle, DONE, {"metrics": verdict.metrics}, outcome=DEPLOYED,
-                                      **self._back_up(cycle))
+            reason = "verify failed: " + "; ".join(verdict.problems[:3])
+            self.ctx.refusals.record(self.fingerprint(cycle), cycle.candidate_flags or {}, VERIFY_REFUSAL, reason,
+                                     cycle.id)
+            return self._fail(cycle, reason)
+        flags = dict(cycle.candidate_flags or {})
+        self.ctx.chain.record(flags, box_fingerprint(cycle.observed), "deployed", cycle.certificate, cycle.id)
+        self.ctx.runtime.set(live_flags=flags, alarm=None)
+        cycle = self.states.transition(cycle, DONE, {"metrics": verdict.metrics}, outcome=DEPLOYED, down_since=None)
+        self.ctx.notify("cycle-end", f"cycle {cycle.id} deployed trial {cycle.candidate_trial} "
+                        f"(trigger {cycle.trigger_kind})", {"flags": flags})
+        return cycle
 
     async def _rollback(self, cycle: Cycle) -> Cycle:
-        """Put the previous config back up (or leave production as it was, when we never took it down)."""
-        if cycle.down_since is None and cycle.candidate_flags is None:
-            # Never taken down (refused before the drain): nothing to restore.
-            return self.states.transition(cycle, DONE, {"reason": cycle.reason}, outcome=RESTORED)
-        outcome = ROLLED_BACK if cycle.candidate_flags is not None else RESTORED
+        """Production back up on the previous config, else on the last-known-good chain; else the alarm."""
+        if cycle.down_since is None and not self._candidate_went_live(cycle):
+            # Never taken down, and the candidate never replaced the live config: production kept serving.
+            cycle = self.states.transition(cycle, DONE, {"reason": cycle.reason}, outcome=RESTORED)
+            self.ctx.notify("cycle-end", f"cycle {cycle.id} ended without a deploy: {cycle.reason}", {})
+            return cycle
         if cycle.previous_flags is None and cycle.candidate_flags is not None and self.target.current() is not None:
             # There was no config file before this cycle: nothing to put back. Production stays up on the
             # candidate, and a person decides.
-            await asyncio.to_thread(self.target.apply)
+            await self.ctx.keeper.start_on(dict(cycle.candidate_flags))
             return self.states.transition(cycle, DONE, {"reason": "no previous config file to roll back to"},
                                           outcome=FAILED, reason=f"{cycle.reason}; no previous config file to roll "
-                                          "back to: production runs the candidate", **self._back_up(cycle))
+                                          "back to: production runs the candidate", down_since=None)
         self.states.update(cycle, down_since=cycle.down_since or time.time())
-        try:
-            stale = cycle.previous_flags is not None and not flags_equal(self.target.current(), cycle.previous_flags)
-            # The target's own `.previous` when it holds the same flags, else the flags we stored.
-            if stale and not (flags_equal(self._previous_file(), cycle.previous_flags)
-                              and self.target.restore_previous()):
-                await asyncio.to_thread(self.target.write, cycle.previous_flags)
-            await asyncio.to_thread(self.target.apply)
-        except DeployError as exc:
-            log.error("daemon.rollback_failed", cycle=cycle.id, reason=str(exc))
-            return self.states.transition(cycle, DONE, {"reason": f"rollback failed: {exc}"}, outcome=FAILED,
-                                          reason=f"{cycle.reason}; rollback failed: {exc}")
-        verdict = await self._check_production(cycle)
-        if not verdict.ok:
-            problem = "; ".join(verdict.problems[:3])
-            log.error("daemon.rollback_failed", cycle=cycle.id, reason=problem)
-            return self.states.transition(cycle, DONE, {"reason": f"the previous config failed verify: {problem}"},
-                                          outcome=FAILED, reason=f"{cycle.reason}; previous config: {problem}")
-        return self.states.transition(cycle, DONE, {"reason": cycle.reason}, outcome=outcome, **self._back_up(cycle))
+        exclude = [cycle.candidate_flags] if cycle.candidate_flags is not None else []
+        result = await self.ctx.keeper.bring_up(f"cycle {cycle.id}: {cycle.reason}", first=cycle.previous_flags,
+                                                exclude=exclude, cycle_id=cycle.id)
+        if not result.ok:
+            log.error("daemon.rollback_failed", cycle=cycle.id, reason=result.reason)
+            cycle = self.states.transition(cycle, DONE, {"reason": f"rollback failed: {result.reason}"},
+                                           outcome=FAILED, reason=f"{cycle.reason}; production could not be brought "
+                                           f"back: {result.reason}")
+            self.ctx.notify("rollback", f"cycle {cycle.id}: rollback FAILED, production is down: {result.reason}", {})
+            return cycle
+        outcome = ROLLED_BACK if cycle.candidate_flags is not None and self._candidate_went_live(cycle) else RESTORED
+        how = "" if result.source == "asked" and not result.fitted else \
+            f" (on {'a known-good config' if result.source == 'chain' else 'the previous config'}" + \
+            (f"; {result.fitted}" if result.fitted else "") + ")"
+        cycle = self.states.transition(cycle, DONE, {"reason": cycle.reason, "restored": result.flags,
+                                                     "fitted": result.fitted, "source": result.source},
+                                       outcome=outcome, reason=f"{cycle.reason}{how}", down_since=None)
+        self.ctx.notify("rollback", f"cycle {cycle.id} {outcome}: {cycle.reason}", {"restored": result.flags})
+        return cycle
 
-    def _previous_file(self) -> dict[str, Any] | None:
-        """The flags of `<config>.previous`, the file restore_previous() puts back (file-backed targets)."""
-        previous = getattr(self.target, "previous", None)
-        return previous() if callable(previous) else None
-
-    # --- production ------------------------------------------------------------------------------------
-    def _back_up(self, cycle: Cycle) -> dict[str, Any]:
-        """Production verified up again: the time it was down joins the cycle's downtime."""
-        if cycle.down_since is None:
-            return {}
-        return {"down_since": None, "downtime_s": cycle.downtime_s + max(0.0, time.time() - cycle.down_since)}
+    def _candidate_went_live(self, cycle: Cycle) -> bool:
+        return any(e.to_state == VERIFY or (e.from_state == DEPLOY)
+                   for e in self.states.events(kind="transition", cycle_id=cycle.id, limit=50))
 
     async def _check_production(self, cycle: Cycle) -> Verdict:
         scenario = self.scenario_of(cycle)
         p = self.config.production
-        problem = await self.wait_ready(scenario.engine.startup_timeout_s)
+        problem = await self.ctx.keeper.ready(scenario.engine.startup_timeout_s)
         if problem is not None:
             return Verdict(False, [problem])
         try:
             return await verify(p.endpoint, None, p.api_key_env, scenario, None)
         except (AutotunerError, httpx.HTTPError, OSError) as exc:
             return Verdict(False, [f"verify could not run: {type(exc).__name__}: {exc}"])
-
-    async def wait_ready(self, timeout_s: float) -> str | None:
-        """None once production answers /health with 200 and lists its model; else why not."""
-        deadline = time.monotonic() + timeout_s
-        url = self.config.production.endpoint.rstrip("/")
-        last = "no answer yet"
-        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
-            while time.monotonic() < deadline:
-                up = await asyncio.to_thread(self.target.is_up)
-                if up is False:
-                    last = "the deploy target says the service is not running"
-                else:
-                    try:
-                        r = await http.get(url + "/health")
-                        if r.status_code == 200:
-                            return None
-                        last = f"/health answered {r.status_code}"
-                    except httpx.HTTPError as exc:
-                        last = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(READY_POLL_S)
-        return f"production not ready after {timeout_s:.0f} s: {last}"
 
 
 def deploy_flags(selection: Any, scenario: Scenario) -> dict[str, FlagValue]:

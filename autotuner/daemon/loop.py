@@ -1,4 +1,10 @@
-"""The daemon's loop: poll production every `poll_interval_s`, fire triggers, run a cycle when one is due.
+"""The daemon's loop: poll production every `poll_interval_s`, keep it serving, fire triggers, run a cycle
+when one is due.
+
+Production first: a health task watches production's /health all the time (cycles included) and counts its
+downtime from what production answers; a crash or an OOM is met at once — outside the maintenance window
+too — by an emergency restart on a config with more headroom (the keeper), and only the re-tune waits for
+the window. A cycle waiting for its window or for a person's approval is parked: the loop goes on polling.
 
 Signals: SIGTERM (and SIGINT) finish the step in flight — a tune is stopped and the previous config goes
 back up, a deploy is verified (or rolled back) — then the daemon exits 0. SIGHUP reloads the config file (a
@@ -20,19 +26,31 @@ from typing import Any
 import structlog
 
 from autotuner.daemon.config import LoadedConfig, load_config
-from autotuner.daemon.cycle import CycleDriver
-from autotuner.daemon.state import DEPLOYED, DONE, CycleStore
+from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
+from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
+from autotuner.daemon.keeper import FreeMemory, Keeper
+from autotuner.daemon.known_good import KnownGoodChain
+from autotuner.daemon.refusals import OOM as OOM_REFUSAL
+from autotuner.daemon.refusals import Refusals, backoff_s
+from autotuner.daemon.runtime import RuntimeStore
+from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, WINDOW, Cycle, CycleStore
 from autotuner.daemon.status import status_document
 from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identity
-from autotuner.deploy import DeployError, make_target
 from autotuner.errors import UserInputError
+from autotuner.proc_identity import create_time
+from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.watch.fingerprint import model_fingerprint
-from autotuner.watch.inventory import gpu_inventory
+from autotuner.watch.inventory import gpu_inventory, gpu_used_bytes
 from autotuner.watch.probe import probe
 from autotuner.watch.snapshot import GpuInfo, ProductionSnapshot
 
 log = structlog.get_logger("autotuner.daemon")
+
+MANUAL = "manual"  # the trigger of `daemon run --once` when nothing else fired
+HEALTH_INTERVAL_S = 1.0
+HEARTBEAT_S = 5.0
+PARKED = (WINDOW, PROPOSED)
 
 
 class Daemon:
@@ -44,15 +62,64 @@ class Daemon:
         self.port: int | None = None
         self.driver: CycleDriver | None = None
         self.last_poll: float | None = None
+        self.last_snapshot: ProductionSnapshot | None = None
         self.noted: set[str] = set()  # trigger kinds already written since the last cycle (a due one fires each poll)
+        self.active: Cycle | None = None  # the cycle being driven right now (not parked)
 
     def _load(self, loaded: LoadedConfig) -> None:
         self.loaded = loaded
         self.config = loaded.config
-        self.store = Store(self.config.storage_url())
-        self.states = CycleStore(self.store, loaded.scenario.name)
+        self.store = Store(loaded.storage_url)
+        deployment = loaded.scenario.name
+        self.states = CycleStore(self.store, deployment)
+        self.chain = KnownGoodChain(self.store, deployment)
+        self.refusals = Refusals(self.store, deployment)
+        self.runtime = RuntimeStore(self.store, deployment)
+        from autotuner.deploy import make_target
+
         self.target = make_target(self.config.deploy)
         self.watch = TriggerWatch(self.config.triggers, self.config.production.log)
+        self.notifier = _notifier(self.config, deployment)
+        self.keeper = Keeper(target=self.target, endpoint=self.config.production.endpoint, states=self.states,
+                             chain=self.chain, refusals=self.refusals, runtime=self.runtime,
+                             startup_timeout_s=loaded.scenario.engine.startup_timeout_s,
+                             free_memory=self.free_memory, notify=self.notify, box=self.box,
+                             fingerprint=self.fingerprint)
+
+    # --- facts ----------------------------------------------------------------------------------------
+    def notify(self, event: str, text: str, detail: dict[str, Any]) -> None:
+        if self.notifier is not None:
+            self.notifier.notify(event, text, detail)
+
+    def box(self) -> str:
+        return box_fingerprint(self.states.reference())
+
+    def production_scenario(self) -> Scenario:
+        """What production was last tuned for: the deployed cycle's scenario, else the configured one."""
+        deployed = self.states.last_deployed()
+        changes = ((deployed.scenario or {}).get("changes") or {}) if deployed is not None else {}
+        try:
+            return apply_changes(self.loaded.scenario, changes) if changes else self.loaded.scenario
+        except (UserInputError, ValueError):
+            return self.loaded.scenario
+
+    def fingerprint(self) -> str:
+        return refusal_fingerprint(self.states.reference(), self.production_scenario())
+
+    def free_memory(self) -> FreeMemory | None:
+        """The smallest free memory over production's GPUs (all of the box's unless production.gpus says)."""
+        try:
+            gpus = gpu_used_bytes()
+        except Exception as exc:  # no NVML: nothing to fit to
+            log.debug("daemon.no_gpu_memory", error=str(exc))
+            return None
+        wanted = self.config.production.gpus
+        rows = [(g, used) for g, used in gpus if wanted is None or g.index in wanted]
+        if not rows:
+            return None
+        g, used = min(rows, key=lambda r: r[0].memory_total_mib * 2**20 - r[1])
+        total = g.memory_total_mib * 2**20
+        return FreeMemory(total, max(0, total - used))
 
     # --- status ------------------------------------------------------------------------------------
     def current_state(self) -> str:
@@ -64,10 +131,19 @@ class Daemon:
                    "last_poll_at": None if self.last_poll is None else datetime.fromtimestamp(self.last_poll)
                    .astimezone().isoformat(timespec="seconds"),
                    "production": self.config.production.endpoint}
-        return status_document(self.states, self.config, runtime)
+        return status_document(self.states, self.config, runtime, target=self.target, runtime_store=self.runtime,
+                               refusals=self.refusals, snapshot=self.last_snapshot)
+
+    def health_gauges(self) -> dict[str, Any]:
+        rt = self.runtime.get()
+        last = next((c for c in self.states.cycles(limit=5) if c.state == DONE), None)
+        return {"production_up": rt.production_up, "last_poll_success_at": rt.last_poll_success_at,
+                "downtime_seconds_total": rt.downtime_s, "last_cycle_outcome": last.outcome if last else None,
+                "mitigations_total": len(self.states.events(kind="mitigation", limit=100_000)),
+                "refusals_total": self.refusals.total()}
 
     # --- the loop ----------------------------------------------------------------------------------
-    async def run(self) -> int:
+    async def run(self, once: bool = False) -> int:
         from prometheus_client import CollectorRegistry
 
         from autotuner.daemon.http import DaemonCollector, DaemonServer, build_app
@@ -82,18 +158,24 @@ class Daemon:
         if reaped:
             log.warning("daemon.reaped_orphans", pgids=reaped)
         registry = CollectorRegistry(auto_describe=True)
-        registry.register(DaemonCollector(self.states, self.current_state))
+        registry.register(_collector(DaemonCollector, self))
         listen = self.config.listen
         server = DaemonServer(build_app(self.status, registry, listen.token_env), listen.host, listen.port)
         self.port = await server.start()
+        pid = os.getpid()
+        self.runtime.set(pid=pid, create_time=create_time(pid), started_at=time.time(), heartbeat_at=time.time(),
+                         stopped_at=None)
         log.info("daemon.started", config=str(self.config_path), deployment=self.states.deployment,
-                 listen=f"{listen.host}:{self.port}", storage=self.store.url, pid=os.getpid())
+                 listen=f"{listen.host}:{self.port}", storage=self.store.url, pid=pid, once=once)
+        health = asyncio.ensure_future(self.watch_health())
         try:
             cycle = self.states.open_cycle()
             if cycle is not None:
                 self.states.note("resumed", {"state": cycle.state}, cycle.id)
                 await self.drive(cycle)
-            while not self.stopping.is_set():
+            if once:
+                await self.run_once()
+            while not once and not self.stopping.is_set():
                 if self.reload_requested:
                     self.reload()
                 started = time.monotonic()
@@ -102,9 +184,23 @@ class Daemon:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), timeout=max(0.0, wait))
         finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            self.runtime.set(stopped_at=time.time())
+            if self.notifier is not None:
+                await self.notifier.aclose(5.0)
             await server.stop()
             log.info("daemon.stopped", deployment=self.states.deployment)
         return 0
+
+    async def run_once(self) -> None:
+        """One poll; the cycle it starts (or a manual one when nothing fired) is driven to its end or park."""
+        before = len(self.states.cycles(limit=1_000))
+        await self.poll(force=True)
+        if len(self.states.cycles(limit=1_000)) == before and self.states.open_cycle() is None:
+            snap, gpus = await self.observe()
+            await self.start_cycle(Trigger(MANUAL, {"why": "daemon run --once"}), snap, gpus)
 
     def request_stop(self) -> None:
         assert self.stopping is not None
@@ -125,6 +221,52 @@ class Daemon:
         self._load(loaded)
         log.info("daemon.reloaded", config=str(self.config_path))
 
+    # --- production's health, all the time -----------------------------------------------------------
+    async def watch_health(self) -> None:
+        """/health every second: production up or down, since when, and the downtime it showed — planned
+        when a cycle took it down, unplanned otherwise. Runs beside cycles; never raises."""
+        last_tick = time.time()
+        last_beat = 0.0
+        up_state: bool | None = None
+        interval = min(HEALTH_INTERVAL_S, self.config.triggers.poll_interval_s)
+        while True:
+            try:
+                up = await self.keeper.healthy(timeout_s=2.0)
+                now = time.time()
+                if up_state is not None and not up_state:
+                    self._count_down(now - last_tick)
+                if up != up_state:
+                    rt = self.runtime.get()
+                    self.runtime.set(production_up=up, production_since=now,
+                                     production_error=None if up else "no 200 from /health")
+                    planned = self._planned()
+                    if up_state is not None:
+                        self.states.note("production-up" if up else "production-went-down",
+                                         {"planned": planned, "alarm": rt.alarm})
+                    if not up and not planned and up_state is not None:
+                        self.notify("production-down", "production stopped answering /health", {})
+                    up_state = up
+                if now - last_beat >= HEARTBEAT_S:
+                    self.runtime.set(heartbeat_at=now)
+                    last_beat = now
+                last_tick = now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database busy, a resource error: try again next tick
+                log.warning("daemon.health_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(interval)
+
+    def _planned(self) -> bool:
+        cycle = self.active
+        return cycle is not None and cycle.down_since is not None
+
+    def _count_down(self, seconds: float) -> None:
+        planned = self._planned()
+        self.runtime.add_downtime(seconds, planned)
+        if self.active is not None:
+            self.states.add_downtime(self.active.id, seconds)
+
+    # --- polling -------------------------------------------------------------------------------------
     async def observe(self) -> tuple[ProductionSnapshot, tuple[GpuInfo, ...]]:
         p = self.config.production
         snap = await probe(p.endpoint, api_key_env=p.api_key_env)
@@ -134,72 +276,168 @@ class Daemon:
             log.debug("daemon.no_gpu_inventory", error=str(exc))
             gpus = ()
         self.last_poll = time.time()
+        self.last_snapshot = snap
+        if snap.reachable:
+            self.runtime.set(last_poll_success_at=self.last_poll, heartbeat_at=self.last_poll)
         return snap, gpus
 
     def adopt(self, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> dict[str, Any]:
         """First sight of production: it becomes the reference, except for a model other than the
-        scenario's, which counts as a swap from the scenario's model."""
+        scenario's, which counts as a swap from the scenario's model. What it runs is the first
+        known-good config."""
         ref = identity(snap, gpus)
         scenario = self.loaded.scenario
         tuned = model_fingerprint(scenario.engine.model, scenario.engine.served_model_name or snap.served_model)
         if tuned is not None and snap.root != scenario.engine.model:
             ref.update(model_fingerprint=tuned, root=scenario.engine.model)
         self.states.set_reference(ref)
+        live = self.target.current()
+        if live is not None:
+            self.chain.record(live, box_fingerprint(ref), "adopted")
+            self.runtime.set(live_flags=live)
         self.states.note("adopted", {"reference": ref})
         return ref
 
-    async def poll(self) -> None:
+    async def poll(self, force: bool = False) -> None:
+        try:
+            await self._poll(force)
+        except OSError as exc:  # out of file descriptors, a full disk: this poll is lost, not the daemon
+            log.error("daemon.poll_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _poll(self, force: bool) -> None:
         snap, gpus = await self.observe()
         ref = self.states.reference()
         if ref is None and snap.reachable:
             ref = self.adopt(snap, gpus)
+        open_cycle = self.states.open_cycle()
+        if snap.reachable and open_cycle is None:
+            self.check_hand_edit()
         cycles = self.states.cycles(limit=1)
         last_at = cycles[0].started_at if cycles else None
         adopted = self.states.events(kind="adopted", limit=1)
         since = last_at if last_at is not None else (adopted[0].at if adopted else None)
-        fired = self.watch.observe(snap, gpus, ref, self.loaded.scenario, since)
+        fired = self.watch.observe(snap, gpus, ref, self.production_scenario(), since)
+        fired = self.manual_restarts(fired, snap)
+        await self.keep_serving(snap, fired)
+        if open_cycle is not None:  # parked: one cycle at a time; see whether it may go on
+            for t in fired:
+                if t.kind not in self.noted:
+                    self.noted.add(t.kind)
+                    self.states.note("trigger", {"kind": t.kind, "evidence": t.evidence,
+                                                 "action": f"cycle {open_cycle.id} in flight ({open_cycle.state})"})
+            await self.drive(open_cycle)
+            return
         if not fired:
             return
         trigger = fired[0]
-        deferred = last_at is not None and time.time() - last_at < self.config.min_interval_s
+        failures = self.states.failures_in_a_row()
+        wait = backoff_s(self.config.min_interval_s, failures)
+        deferred = not force and last_at is not None and time.time() - last_at < wait
         for t in fired:
             if t.kind in self.noted:
                 continue
             self.noted.add(t.kind)
-            action = "deferred (min_interval_s)" if deferred else "cycle" if t is trigger else f"with {trigger.kind}"
+            why = f"deferred (min_interval_s{f', backoff after {failures} failed cycles' if failures else ''})"
+            action = why if deferred else "cycle" if t is trigger else f"with {trigger.kind}"
             self.states.note("trigger", {"kind": t.kind, "evidence": t.evidence, "action": action})
         if deferred:
-            if trigger.kind in (OOM, CRASH) and not snap.reachable:
-                await self.restart_production()
             return
         self.noted.clear()
         await self.start_cycle(trigger, snap, gpus)
 
-    async def restart_production(self) -> None:
-        """Production died and no cycle may start yet: put the live config back up."""
+    def manual_restarts(self, fired: list[Trigger], snap: ProductionSnapshot) -> list[Trigger]:
+        """A restart nobody crashed (counters back to zero, no OOM line, serving again): a person's. Noted and
+        adopted, not a reason to re-tune."""
+        out = []
+        for t in fired:
+            if t.kind == CRASH and snap.reachable and "restarted" in str(t.evidence.get("error", "")):
+                self.states.note("manual-restart", {"evidence": t.evidence, "action": "adopted"})
+                continue
+            out.append(t)
+        return out
+
+    def check_hand_edit(self) -> None:
+        """The live file differs from what the daemon last put live: a person edited it. Production serving
+        on it makes it known-good (adopted); otherwise it is reported as a conflict."""
+        rt = self.runtime.get()
         try:
-            await asyncio.to_thread(self.target.apply)
-            self.states.note("restarted", {"reason": "production was down and no cycle may start yet"})
-        except DeployError as exc:
-            log.error("daemon.restart_failed", error=str(exc))
+            live = self.target.current()
+        except Exception as exc:
+            self.states.note("conflict", {"error": str(exc)})
+            return
+        if rt.live_flags is None or live is None or live == rt.live_flags:
+            return
+        self.states.note("hand-edit", {"before": rt.live_flags, "after": live,
+                                       "action": "adopted: production serves and the file is its config"})
+        self.chain.record(live, self.box(), "adopted-edit")
+        self.runtime.set(live_flags=live)
+
+    async def keep_serving(self, snap: ProductionSnapshot, fired: list[Trigger]) -> None:
+        """Production down: bring it back now, whatever the window says (an OOM: on a config with more
+        headroom). A failed bring-up is retried with backoff at later polls."""
+        if snap.reachable:
+            return
+        crash = next((t for t in fired if t.kind in (OOM, CRASH)), None)
+        target_down = await asyncio.to_thread(self.target.is_up) is False
+        retry_due = self.runtime.get().alarm is not None and time.time() >= self.keeper.next_try_at
+        if crash is None and not target_down and not retry_due:
+            return  # maybe a restart by a person: the crash trigger fires after the grace
+        if self.keeper.next_try_at and time.time() < self.keeper.next_try_at:
+            return
+        live = self.target.current()
+        if crash is not None and crash.kind == OOM and live is not None:
+            await self.mitigate(live, crash)
+            return
+        await self.keeper.bring_up(f"production down ({crash.kind if crash else 'not running'})", first=live)
+
+    async def mitigate(self, crashed: dict[str, Any], trigger: Trigger) -> None:
+        """An OOM in production: never again this config for this workload, and back up at once on one
+        with more headroom for the step that crashed."""
+        evidence = trigger.evidence
+        prompts = [int(n) for n in evidence.get("crash_prompts") or [] if isinstance(n, int | float)]
+        step = evidence.get("crash_step_tokens")
+        crash_tokens = int(step) if isinstance(step, int | float) else (sum(prompts) if prompts else None)
+        self.refusals.record(self.fingerprint(), crashed, OOM_REFUSAL,
+                             "CUDA OOM in production: " + "; ".join(evidence.get("lines") or [])[:500])
+        self.chain.forget(crashed, self.box())
+        flags, why = self.keeper.mitigation(crashed, crash_tokens)
+        detail = {"trigger": trigger.kind, "crashed": crashed, "mitigation": flags, "why": why,
+                  "crash_tokens": crash_tokens}
+        self.states.note("mitigation", detail)
+        self.notify("mitigation", f"emergency mitigation after a production OOM: {why}", detail)
+        result = await self.keeper.bring_up("emergency mitigation after a production OOM", first=flags,
+                                            exclude=[crashed])
+        if result.ok:
+            self.states.note("mitigated", {"flags": result.flags, "source": result.source})
 
     async def start_cycle(self, trigger: Trigger, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> None:
         cycle = self.states.begin(trigger.kind, trigger.evidence, identity(snap, gpus))
         await self.drive(cycle)
 
-    async def drive(self, cycle: Any) -> None:
+    def own_traffic(self, start_s: float, end_s: float) -> None:
+        """The daemon's verify (and soak) prompts are not production's workload: not drift."""
+        mark = getattr(self.watch, "own_traffic", None)
+        if callable(mark):
+            mark(start_s, end_s)
+
+    async def drive(self, cycle: Cycle) -> None:
         from autotuner.engine.registry import autotuner_home
 
         assert self.stopping is not None
         scenario = self.loaded.scenario
+        ctx = CycleContext(self.keeper, self.chain, self.refusals, self.runtime, self.notify, self.own_traffic)
         self.driver = CycleDriver(self.loaded, self.states, self.store, self.target, self.stopping,
-                                  autotuner_home() / "logs" / f"{scenario.name}-daemon")
+                                  autotuner_home() / "logs" / f"{scenario.name}-daemon", ctx)
+        self.active = cycle
         try:
             cycle = await self.driver.run(cycle)
         finally:
             self.driver = None
-        assert cycle.state == DONE
-        if cycle.outcome == DEPLOYED:  # else the trigger stands and fires again after min_interval_s
+            self.active = None
+        if cycle.state != DONE:
+            return  # parked: the next poll drives it again
+        self.noted.clear()
+        if cycle.outcome == DEPLOYED:  # else the trigger stands and fires again after the backoff
             await self.refresh_reference(cycle)
         self.watch.forget()
 
@@ -212,6 +450,22 @@ class Daemon:
             self.states.set_reference(ref)
 
 
-def run_daemon(config_path: Path) -> int:
+def _notifier(config: Any, deployment: str) -> Any:
+    settings = getattr(config, "notify", None)
+    try:
+        from autotuner.daemon.notify import Notifier
+    except ImportError:
+        return None
+    return Notifier(settings, deployment)
+
+
+def _collector(cls: Any, daemon: Daemon) -> Any:
+    try:
+        return cls(daemon.states, daemon.current_state, daemon.health_gauges)
+    except TypeError:  # a collector without the health gauges
+        return cls(daemon.states, daemon.current_state)
+
+
+def run_daemon(config_path: Path, once: bool = False) -> int:
     daemon = Daemon(config_path)
-    return asyncio.run(daemon.run())
+    return asyncio.run(daemon.run(once=once))

@@ -1,8 +1,12 @@
 """The cycle as data: its state, persisted in the study database before each step, so that a killed daemon
 resumes at the step it was in. Every transition is an event row and a structlog JSON line.
 
-    detect → window → drain → tune → confirm → deploy → verify → done
-                                 ╰───────────────┴── rollback ──╯→ done
+    detect → window → [drain →] tune → confirm → [proposed →] deploy → verify → done
+                                        ╰──────────────┴───────────────┴── rollback ──╯→ done
+
+`window` and `proposed` park the cycle (the daemon keeps polling production meanwhile): until the
+maintenance window opens, and until a person approves or rejects (`approve: manual`). `drain` is skipped
+when the tune needs none of production's GPUs.
 
 Tables beside the studies' (SQLAlchemy Core: SQLite and PostgreSQL alike): `at_daemon_cycles` (one row per
 cycle, its current state and what it needs to resume), `at_daemon_events` (transitions and triggers, in
@@ -26,16 +30,17 @@ from autotuner.store.db import Store
 
 log = structlog.get_logger("autotuner.daemon")
 
-DETECT, WINDOW, DRAIN, TUNE, CONFIRM, DEPLOY, VERIFY, ROLLBACK, DONE = (
-    "detect", "window", "drain", "tune", "confirm", "deploy", "verify", "rollback", "done")
-STATES = (DETECT, WINDOW, DRAIN, TUNE, CONFIRM, DEPLOY, VERIFY, ROLLBACK, DONE)
+DETECT, WINDOW, DRAIN, TUNE, CONFIRM, PROPOSED, DEPLOY, VERIFY, ROLLBACK, DONE = (
+    "detect", "window", "drain", "tune", "confirm", "proposed", "deploy", "verify", "rollback", "done")
+STATES = (DETECT, WINDOW, DRAIN, TUNE, CONFIRM, PROPOSED, DEPLOY, VERIFY, ROLLBACK, DONE)
 # Which step may follow which: anything else is a bug of ours, refused before it is written.
 NEXT: dict[str, tuple[str, ...]] = {
     DETECT: (WINDOW, DONE),
-    WINDOW: (DRAIN, DONE),
+    WINDOW: (DRAIN, TUNE, DONE),
     DRAIN: (TUNE, ROLLBACK),
     TUNE: (CONFIRM, ROLLBACK),
-    CONFIRM: (DEPLOY, ROLLBACK),
+    CONFIRM: (PROPOSED, DEPLOY, ROLLBACK),
+    PROPOSED: (DEPLOY, DONE, ROLLBACK),
     DEPLOY: (VERIFY, ROLLBACK),
     VERIFY: (DONE, ROLLBACK),
     ROLLBACK: (DONE,),
@@ -45,6 +50,11 @@ NEXT: dict[str, tuple[str, ...]] = {
 DEPLOYED, ROLLED_BACK, RESTORED, SKIPPED = "deployed", "rolled-back", "restored", "skipped"
 # A cycle that ended in ROLLBACK without a verified previous config up: needs a person.
 FAILED = "failed"
+# A proposal a person rejected; a proposal written to a file target that cannot restart production.
+REJECTED_OUTCOME, WRITTEN = "rejected", "written"
+OUTCOMES = (DEPLOYED, ROLLED_BACK, RESTORED, SKIPPED, FAILED, REJECTED_OUTCOME, WRITTEN)
+# Outcomes that count as a failed cycle for the backoff before the next one.
+FAILED_OUTCOMES = (ROLLED_BACK, RESTORED, FAILED)
 
 metadata = sa.MetaData()
 
@@ -253,6 +263,32 @@ class CycleStore:
             return str(row[0])
         own = [s for s in self.store.studies() if s.scenario_name == self.deployment]
         return own[-1].study_name if own else None
+
+    def add_downtime(self, cycle_id: int, seconds: float) -> None:
+        """Production's own health saw it down this long during the cycle."""
+        with self.engine.begin() as conn:
+            conn.execute(cycles.update().where(cycles.c.id == cycle_id)
+                         .values(downtime_s=cycles.c.downtime_s + seconds))
+
+    def decide(self, cycle_id: int, verdict: str, who: str) -> None:
+        """A person's approve/reject of a proposed cycle (written by `autotuner daemon approve|reject`)."""
+        with self.engine.begin() as conn:
+            self._event(conn, cycle_id, "decision", None, None, {"verdict": verdict, "by": who})
+
+    def decision(self, cycle_id: int) -> tuple[str, str] | None:
+        found = self.events(kind="decision", cycle_id=cycle_id, limit=1)
+        return None if not found else (str(found[0].detail.get("verdict")), str(found[0].detail.get("by")))
+
+    def failures_in_a_row(self) -> int:
+        """Cycles that ended failed, newest first, until one that did not (skipped ones do not break it)."""
+        n = 0
+        for c in self.cycles(limit=20):
+            if c.state != DONE or c.outcome == SKIPPED:
+                continue
+            if c.outcome not in FAILED_OUTCOMES:
+                break
+            n += 1
+        return n
 
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as conn:

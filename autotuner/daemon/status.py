@@ -1,5 +1,6 @@
-"""What `GET /status` answers and `autotuner daemon status` prints: read from the database, so that both say
-the same thing whether or not the daemon is running."""
+"""What `GET /status` answers and `autotuner daemon status` prints: read from the database (and the live
+config file, and production itself where the caller has a snapshot), so that both say the same thing
+whether or not the daemon is running — and say so when it is not."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from autotuner.daemon.config import DaemonConfig
+from autotuner.daemon.refusals import Refusals, backoff_s
+from autotuner.daemon.runtime import RuntimeStore
 from autotuner.daemon.state import DEPLOYED, DONE, ROLLED_BACK, CycleStore
 
 
@@ -24,34 +27,64 @@ def _cycle(c: Any) -> dict[str, Any] | None:
             "started_at": _when(c.started_at), "ended_at": _when(c.ended_at)}
 
 
-def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str, Any] | None = None, *,
+                    target: Any = None, runtime_store: RuntimeStore | None = None, refusals: Refusals | None = None,
+                    snapshot: Any = None) -> dict[str, Any]:
     cycles = states.cycles(limit=50)
     current = next((c for c in cycles if c.state != DONE), None)
     last = next((c for c in cycles if c.state == DONE), None)
     deployed = states.last_deployed()
     triggers = states.events(kind="trigger", limit=1)
     counts = states.counts()
+    failures = states.failures_in_a_row()
     started = [c.started_at for c in cycles]
-    earliest = (max(started) + config.min_interval_s) if started else time.time()
+    earliest = (max(started) + backoff_s(config.min_interval_s, failures)) if started else time.time()
     window = config.schedule_window
     if window is not None:
         opens = window.next_open(datetime.fromtimestamp(max(earliest, time.time())).astimezone())
         earliest = max(earliest, opens.timestamp())
     scheduled = (max(started) + config.triggers.schedule.every) if started and config.triggers.schedule else None
-    live = deployed.candidate_flags if deployed is not None else None
+    rt = runtime_store.get() if runtime_store is not None else None
+    alive = rt.alive(config.triggers.poll_interval_s) if rt is not None else None
+    if runtime:  # asked of the running daemon itself
+        alive = True
+    live = _live_flags(target)
+    last_flags = deployed.candidate_flags if deployed is not None else None
+    # "Deployed" is what runs: the last deploy only while the live file still holds it.
+    still_live = deployed is not None and (live.get("flags") is None or live.get("flags") == last_flags)
+    state = current.state if current is not None else "idle"
+    if current is not None and alive is False:
+        state = f"{current.state} (interrupted: the daemon is not running; it resumes there at its next start)"
     doc: dict[str, Any] = {
         "deployment": states.deployment,
-        "state": current.state if current is not None else "idle",
+        "state": state,
+        "daemon": None if rt is None else {
+            "running": alive, "pid": rt.pid, "started_at": _when(rt.started_at),
+            "heartbeat_at": _when(rt.heartbeat_at), "stopped_at": _when(rt.stopped_at)},
+        "production": None if rt is None else {
+            "up": rt.production_up, "since": _when(rt.production_since), "alarm": rt.alarm,
+            "last_poll_success_at": _when(rt.last_poll_success_at),
+            "downtime_s": {"planned": round(rt.downtime_planned_s, 1), "unplanned": round(rt.downtime_unplanned_s, 1)},
+            "live_config": live, "served": _served(snapshot),
+            "hand_edited": live.get("flags") is not None and rt.live_flags is not None
+            and live.get("flags") != rt.live_flags},
         "cycle": _cycle(current),
-        "deployed": None if deployed is None else {
-            "flags": live, "study": deployed.study_name, "trial": deployed.candidate_trial,
+        "deployed": None if deployed is None or not still_live else {
+            "flags": last_flags, "study": deployed.study_name, "trial": deployed.candidate_trial,
             "certificate": deployed.certificate, "since": _when(deployed.ended_at)},
+        "last_deploy": None if deployed is None else {
+            "cycle": deployed.id, "trial": deployed.candidate_trial, "study": deployed.study_name,
+            "since": _when(deployed.ended_at), "live": still_live},
         "last_cycle": _cycle(last),
         "next_cycle": {"earliest_at": _when(earliest), "scheduled_at": _when(scheduled),
-                       "window": config.window, "min_interval_s": config.min_interval_s},
+                       "window": config.window, "min_interval_s": config.min_interval_s,
+                       "failed_in_a_row": failures},
         "last_trigger": None if not triggers else {"at": _when(triggers[0].at), **triggers[0].detail},
         "counts": {"cycles": counts["cycles"], "trials": counts["trials"],
                    "deployed": counts.get(DEPLOYED, 0), "rollbacks": counts.get(ROLLED_BACK, 0)},
+        "refused": [] if refusals is None else [
+            {"flags": r.flags, "kind": r.kind, "reason": r.reason, "count": r.count, "last_at": _when(r.last_at)}
+            for r in refusals.all(limit=10)],
         "reference": states.reference(),
     }
     if runtime:
@@ -59,18 +92,58 @@ def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str,
     return doc
 
 
+def _live_flags(target: Any) -> dict[str, Any]:
+    if target is None:
+        return {}
+    try:
+        return {"path": str(target.config_path), "flags": target.current()}
+    except Exception as exc:  # unreadable or not YAML: say so, it is production's config
+        return {"path": str(target.config_path), "flags": None, "error": str(exc)}
+
+
+def _served(snapshot: Any) -> dict[str, Any] | None:
+    if snapshot is None:
+        return None
+    return {"reachable": snapshot.reachable, "model": snapshot.served_model, "root": snapshot.root,
+            "vllm_version": snapshot.vllm_version, "max_model_len": snapshot.max_model_len,
+            "error": snapshot.error, "at": _when(snapshot.taken_at)}
+
+
 def status_lines(doc: dict[str, Any]) -> list[str]:
     """The same facts, for a person."""
     out = [f"deployment {doc['deployment']}: {doc['state']}"]
+    dm = doc.get("daemon")
+    if dm:
+        out.append(f"daemon: {'running' if dm['running'] else 'NOT running'} (pid {dm['pid']}, last heartbeat "
+                   f"{dm['heartbeat_at']}" + (f", stopped {dm['stopped_at']}" if dm.get("stopped_at") else "") + ")")
+    p = doc.get("production")
+    if p:
+        up = {True: "up", False: "DOWN", None: "unknown"}[p["up"]]
+        out.append(f"production: {up} since {p['since']}; downtime planned {p['downtime_s']['planned']:.0f} s, "
+                   f"unplanned {p['downtime_s']['unplanned']:.0f} s")
+        if p.get("alarm"):
+            out.append(f"  ALARM: {p['alarm']}")
+        served = p.get("served")
+        if served and served.get("reachable"):
+            out.append(f"  serves {served['model']} ({served['root']}), vLLM {served['vllm_version']}")
+        live = p.get("live_config") or {}
+        if live.get("flags") is not None:
+            flags = " ".join(f"{k}={v}" for k, v in live["flags"].items())
+            out.append(f"  live config {live['path']}: {flags}" + (" (edited by hand since the daemon wrote it)"
+                                                                   if p.get("hand_edited") else ""))
     c = doc.get("cycle")
     if c:
         out.append(f"  cycle {c['id']} in flight: {c['state']} (trigger {c['trigger']}, since {c['started_at']})")
     d = doc.get("deployed")
+    ld = doc.get("last_deploy")
     if d:
         flags = " ".join(f"{k}={v}" for k, v in (d["flags"] or {}).items())
         out.append(f"deployed: trial {d['trial']} of study {d['study']} since {d['since']}: {flags}")
         for line in (d.get("certificate") or {}).get("lines", [])[:6]:
             out.append(f"  {line}")
+    elif ld:
+        out.append(f"deployed: not the daemon's last deploy (cycle {ld['cycle']}, trial {ld['trial']}): production "
+                   "now runs another config (a rollback or a hand edit since)")
     else:
         out.append("deployed: nothing by the daemon yet (production runs its own config)")
     last = doc.get("last_cycle")
@@ -84,7 +157,11 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
     n = doc["next_cycle"]
     out.append(f"next cycle: not before {n['earliest_at']}" + (f", scheduled {n['scheduled_at']}"
                                                                    if n.get("scheduled_at") else "")
-               + (f", window {n['window']}" if n.get("window") else ""))
+               + (f", window {n['window']}" if n.get("window") else "")
+               + (f" (backoff after {n['failed_in_a_row']} failed cycles)" if n.get("failed_in_a_row") else ""))
+    for r in doc.get("refused") or []:
+        flags = " ".join(f"{k}={v}" for k, v in r["flags"].items())
+        out.append(f"refused ({r['kind']}, {r['count']}×, last {r['last_at']}): {flags}: {r['reason'][:160]}")
     k = doc["counts"]
     out.append(f"cycles {k['cycles']}, deployed {k['deployed']}, rollbacks {k['rollbacks']}, trials {k['trials']}")
     return out

@@ -41,10 +41,13 @@ class DeployError(AutotunerError):
 class DeployTarget(Protocol):
     kind: str
     config_path: Path
+    #: the target can stop and start production (a file target only with its stop/start pair)
+    can_take_down: bool
 
     def current(self) -> dict[str, FlagValue] | None: ...
     # `deployment` (optional): the exporter's, whose certificate heads the file as in `export --format yaml`.
-    def write(self, flags: Mapping[str, FlagValue], *, deployment: Deployment | None = None) -> None: ...
+    def write(self, flags: Mapping[str, FlagValue], *, deployment: Deployment | None = None,
+              keep_previous: bool = True) -> None: ...
     def restore_previous(self) -> bool: ...
     def apply(self) -> None: ...
     def stop(self) -> None: ...
@@ -93,14 +96,17 @@ class ConfigFile:
         except FileNotFoundError:
             return DEFAULT_MODE
 
-    def write(self, flags: Mapping[str, FlagValue], deployment: Deployment | None = None) -> None:
+    def write(self, flags: Mapping[str, FlagValue], deployment: Deployment | None = None,
+              keep_previous: bool = True) -> None:
+        """`keep_previous=False`: the live file is not kept as `.previous` (it just crashed production: a
+        person rolling back by hand must not land on it)."""
         text = render_config(flags, deployment)
         mode = self._mode()
         try:
             live = self.path.read_text() if self.path.exists() else None
             # Rewriting the flags that are already live (a resumed deploy) must not make them the
             # rollback target: `.previous` keeps what was there before them.
-            if live is not None and self.read() != yaml.safe_load(text):
+            if keep_previous and live is not None and self.read() != yaml.safe_load(text):
                 write_text_atomic(self.previous, live, mode)
             write_text_atomic(self.path, text, mode)
         except OSError as exc:
@@ -127,6 +133,7 @@ class FileBacked:
 
     kind: str
     config_path: Path
+    can_take_down = True
 
     def __init__(self, config_path: Path) -> None:
         self.config_path = config_path
@@ -135,9 +142,10 @@ class FileBacked:
     def current(self) -> dict[str, FlagValue] | None:
         return self.file.read()
 
-    def write(self, flags: Mapping[str, FlagValue], *, deployment: Deployment | None = None) -> None:
+    def write(self, flags: Mapping[str, FlagValue], *, deployment: Deployment | None = None,
+              keep_previous: bool = True) -> None:
         """`deployment` (optional, from the exporter) adds its certificate header, as `export` does."""
-        self.file.write(flags, deployment)
+        self.file.write(flags, deployment, keep_previous)
 
     def restore_previous(self) -> bool:
         return self.file.restore_previous()

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from autotuner.deploy.base import DeployError, FileBacked, last_lines, run_argv
 from autotuner.deploy.spec import CommandSpec
 from autotuner.engine.registry import EngineRegistry, autotuner_home, engine_processes, stop_processes
@@ -125,8 +127,15 @@ class CommandTarget(FileBacked):
         if failed is not None:
             raise failed
         if self.spec.stop is None and self.is_up():
-            raise DeployError("stop: the service is up but was not started by this process and `stop:` is not set; "
-                              "add a stop command (argv list) to the deploy section")
+            # Production started before the daemon (by hand, or by the command `init` read): the process
+            # whose command line is exactly our start argv is the service, stopped as we stop our own.
+            procs = self._running_start_command()
+            if not procs:
+                raise DeployError("stop: the service is up but was not started by this process, no process runs "
+                                  f"`{shlex.join(self.spec.start)}`, and `stop:` is not set; add a stop command "
+                                  "(argv list) to the deploy section")
+            if not stop_processes(procs, grace_s=self.spec.stop_grace_s):
+                raise DeployError(f"stop: `{shlex.join(self.spec.start)}` (pid {procs[0].pid}) survived SIGKILL")
 
     def apply(self) -> None:
         if self.is_up() is not False:
@@ -151,6 +160,18 @@ class CommandTarget(FileBacked):
         return False
 
     # --- beyond the interface ------------------------------------------------------------------------
+
+    def _running_start_command(self) -> list[psutil.Process]:
+        """This user's processes running exactly `start`, with their descendants (TP workers)."""
+        found: list[psutil.Process] = []
+        uid = os.getuid()
+        for proc in psutil.process_iter(["cmdline", "uids", "status"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["uids"] is None:
+                    continue
+                if proc.info["uids"].real == uid and proc.info["cmdline"] == list(self.spec.start):
+                    found += [proc, *proc.children(recursive=True)]
+        return found
 
     def failure(self) -> str | None:
         """Why the supervised service is not running (exit code and last output), when it exited on its own."""

@@ -1,8 +1,9 @@
-"""`kind: file`: write the config only; a person (or their own tooling) restarts the service."""
+"""`kind: file`: write the config; a person (or their own tooling) restarts the service. With a
+`stop`/`start` pair the daemon may take production down and bring it back itself."""
 
 from __future__ import annotations
 
-from autotuner.deploy.base import FileBacked
+from autotuner.deploy.base import DeployError, FileBacked, run_argv
 from autotuner.deploy.spec import FileSpec
 
 
@@ -13,14 +14,27 @@ class FileTarget(FileBacked):
         super().__init__(spec.config_path)
         self.spec = spec
 
+    @property
+    def can_take_down(self) -> bool:
+        return self.spec.stop is not None and self.spec.start is not None
+
     def apply(self) -> None:
-        """Nothing to restart: the file is the deployment."""
+        """Without a stop/start pair the file is the deployment: nothing to restart."""
+        if self.can_take_down:
+            self.stop()
+            self.start()
 
     def stop(self) -> None:
-        """Production is not ours to take down."""
+        if self.spec.stop is None:
+            raise DeployError("file target: no `stop` command, so production cannot be taken down; add deploy.stop "
+                              "and deploy.start (argv lists), or tune on GPUs production does not use")
+        run_argv(self.spec.stop, "stop", self.spec.timeout_s, hint="fix deploy.stop")
 
     def start(self) -> None:
-        """Production is not ours to start."""
+        if self.spec.start is None:
+            raise DeployError("file target: no `start` command, so the daemon cannot start production; add "
+                              "deploy.start and deploy.stop (argv lists), or start it by hand")
+        run_argv(self.spec.start, "start", self.spec.timeout_s, hint="fix deploy.start")
 
     def is_up(self) -> bool | None:
         return None

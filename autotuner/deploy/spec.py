@@ -105,9 +105,23 @@ class _Target(BaseModel):
 
 
 class FileSpec(_Target):
-    """Write the config only; a person (or something else) restarts the service."""
+    """Write the config; a person (or something else) restarts the service. With `stop` and `start`
+    (argv lists, run to completion like `systemctl stop vllm`), the daemon can also take production down to
+    tune on its GPUs and bring it back; without them it never does (its cycles tune only where production
+    need not stop, and propose what they find)."""
 
     kind: Literal["file"]
+    stop: Argv | None = Field(None, description="takes production down and returns (e.g. [systemctl, stop, vllm])")
+    start: Argv | None = Field(None, description="brings production up on the config file and returns")
+    timeout_s: float = Field(900.0, gt=0, le=7200, description="for the stop and start commands")
+
+    @field_validator("start")
+    @classmethod
+    def _pair(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if (value is None) != (info.data.get("stop") is None):
+            raise ValueError("give both stop and start, or neither (the daemon that takes production down "
+                             "must be able to bring it back)")
+        return value
 
 
 class CommandSpec(_Target):

@@ -39,3 +39,28 @@ def _read(module: object) -> tuple[GpuInfo, ...]:
         raise NvmlUnavailableError(str(exc)) from exc
     finally:
         monitor.close()
+
+
+def gpu_used_bytes(kind: InventoryKind = "auto") -> tuple[tuple[GpuInfo, int], ...]:
+    """Each GPU with the bytes in use on it now (every process's, ours included); () where no NVML."""
+    loader = nvml_loader(kind)
+    module: object | None = None
+    if loader is not None:
+        module = loader()
+    else:
+        with contextlib.suppress(NvmlUnavailableError):
+            module = _real_pynvml()
+        if module is None and os.environ.get(STATE_DIR_ENV):
+            with contextlib.suppress(NvmlUnavailableError):
+                module = _sim_pynvml()
+    if module is None:
+        return ()
+    monitor = NvmlMonitor(module, None)  # type: ignore[arg-type]
+    try:
+        devices, used = monitor.devices(), monitor.sample()
+    except MonitorError as exc:
+        raise NvmlUnavailableError(str(exc)) from exc
+    finally:
+        monitor.close()
+    return tuple((GpuInfo(d.index, d.uuid, d.name, d.total_bytes // MIB), u)
+                 for d, u in zip(devices, used, strict=True))
