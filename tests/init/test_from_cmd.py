@@ -76,6 +76,12 @@ def test_a_production_command_line_becomes_a_scenario(tmp_path: Path) -> None:
     # One study database, the scenario's: the daemon uses it when its own is unset.
     assert "storage" not in daemon
     assert sc.storage == f"sqlite:///{tmp_path.resolve() / 'autotuner.db'}"
+    # It loads as `autotuner daemon run` reads it, and init checked that a cycle can complete.
+    loaded = load_config(daemon_file)
+    assert loaded.config.max_downtime_s == 1800 and loaded.config.deploy.kind == "command"
+    assert "check: cycle: window: 01:00-06:00" in done.stdout
+    assert "check: cycle: rollout: deploy through the command target" in done.stdout
+    assert "cannot complete" not in done.stdout
 
 
 def test_a_config_file_on_the_command_line_is_read_and_left_alone(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from autotuner.catalog.gpus import load_gpu
+from autotuner.cli.prepare import plan_lines
+from autotuner.daemon.config import load_config
 from autotuner.init import run_init
 from autotuner.preflight import run_checks
 from autotuner.preflight.machine_checks import check_gpus
@@ -64,6 +66,13 @@ def test_the_scenario_init_writes_from_an_endpoint_fails_doctor_with_the_context
     assert daemon["deploy"]["kind"] == "file" and daemon["approve"] == "manual"
     assert "start" not in daemon["deploy"] and "  # stop: [" in text and "  # start: [" in text
     assert text.splitlines()[0].endswith(f"run it with `autotuner daemon run {result.daemon_path}`.")
+    loaded = load_config(result.daemon_path)
+    assert loaded.config.approve == "manual" and loaded.config.deploy.kind == "file"
+    # What init prints after writing it: the cycle's plan, and why it cannot take production down.
+    lines = plan_lines(result.daemon_path)
+    assert "cycle: window: 01:00-06:00" in lines
+    assert any(line.startswith("warning: a cycle cannot complete:") and "deploy.stop and deploy.start" in line
+               for line in lines), lines
 
 
 def sim_scenario(tmp_path: Path, model: str, tp: int, **flags: object) -> Path:
