@@ -75,6 +75,29 @@ def init(
     for line in result.check:
         typer.echo(f"check: {line}")
     typer.echo(f"wrote {result.scenario_path} and {result.daemon_path}")
+    for line in plan_lines(result.daemon_path):
+        typer.echo(f"check: {line}")
+
+
+def plan_lines(daemon_path: Path) -> list[str]:
+    """What a cycle of the daemon config init wrote would do on this box, and why it could not complete
+    (`autotuner daemon plan`): init writes the config; this says whether it can work."""
+    try:
+        from autotuner.daemon.plan import plan_cycle
+    except ImportError:  # an install without the daemon's planner
+        return [f"run `autotuner daemon plan {daemon_path}` to see what a cycle would do"]
+    from autotuner.errors import AutotunerError
+
+    try:
+        plan = plan_cycle(daemon_path)
+    except AutotunerError as exc:
+        return [f"warning: {daemon_path} does not load as a daemon config: {exc}; fix it before "
+                f"`autotuner daemon run {daemon_path}`"]
+    lines = [f"cycle: {line}" for line in plan.lines]
+    lines += [f"warning: a cycle cannot complete: {problem}" for problem in plan.problems]
+    if not plan.can_complete and not plan.problems:
+        lines.append(f"warning: a cycle cannot complete; see `autotuner daemon plan {daemon_path}`")
+    return lines
 
 
 def doctor(

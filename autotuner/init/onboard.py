@@ -62,14 +62,17 @@ def run_init(from_cmd: str | None, from_endpoint: str | None, *, api_key_env: st
     snap = _probe(from_endpoint, api_key_env, timeout_s) if from_endpoint else None
     gpus = _inventory(result)
     scenario = _scenario(cmd, snap, gpus, api_key_env, result)
+    # One study database for the tuner and the daemon (which uses the scenario's when its own is unset).
+    scenario = {"name": scenario.pop("name"),
+                "storage": f"sqlite:///{(scenario_path.parent.resolve() / STORAGE_FILE)}", **scenario}
     daemon = _daemon(cmd, snap, from_endpoint, api_key_env, scenario_path, daemon_path, result)
     scenario_path.parent.mkdir(exist_ok=True)  # only now: bad input leaves no trace
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     sources = " and ".join(s for s in (from_cmd and "the command line", from_endpoint and from_endpoint) if s)
     write_text_atomic(scenario_path, _yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.",
                                            result.check))
-    write_text_atomic(daemon_path, _yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
-                                         f"`autotuner daemon {daemon_path.name}`.", []))
+    write_text_atomic(daemon_path, _daemon_yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
+                                                f"`autotuner daemon run {daemon_path}`."))
     return result
 
 
@@ -234,6 +237,12 @@ def _workload(snap: ProductionSnapshot | None, max_len: FlagValue | None, result
     if snap is None:
         result.check.append("workload lengths are the defaults (prompts 3000-6000, outputs 256): set them to "
                             "your traffic, or run init --from-endpoint against production")
+        top = context - 256 if context is not None else None
+        if top is not None and 0 < top < 6000:  # the defaults would not fit the context: every request HTTP 400
+            requests["prompt_tokens"] = {"kind": "uniform", "low": max(1, min(3000, top // 2)), "high": top}
+            result.check[-1] = (f"workload lengths are the defaults, within the context of {context}: prompts "
+                                f"{requests['prompt_tokens']['low']}-{top}, outputs 256; set them to your traffic, "
+                                "or run init --from-endpoint against production")
         return {"requests": requests}
     output = _fit("output", snap.generation_tokens, context, result)
     out_top = _top(output) if output else 256
@@ -271,6 +280,12 @@ def _fit(what: str, hist: Any, max_len: int | None, result: InitResult) -> Lengt
     return fit
 
 
+# What init writes for the cycle's bounds: a night window, and the downtime a cycle may take inside it.
+WINDOW = "01:00-06:00"
+MAX_DOWNTIME = "30m"
+STORAGE_FILE = "autotuner.db"
+
+
 def _daemon(cmd: ServeCommand | None, snap: ProductionSnapshot | None, endpoint: str | None,
             api_key_env: str | None, scenario_path: Path, daemon_path: Path, result: InitResult) -> dict[str, Any]:
     if endpoint is None:
@@ -283,25 +298,89 @@ def _daemon(cmd: ServeCommand | None, snap: ProductionSnapshot | None, endpoint:
         production["api_key_env"] = key_env
     # Never the user's own --config file: replacing it with the tuned flags alone could drop their settings.
     config_path = (daemon_path.parent / TUNED_CONFIG_FILE).resolve()
-    if cmd is not None and cmd.config_file:
-        result.check.append(f"your command reads --config {cmd.config_file}, and vLLM takes one config file: its "
-                            "settings are copied into the scenario's engine.flags; before pointing --config at the "
-                            "tuned file, put them (except the three tuned flags) on the service's command line")
-    result.check.append(f"deploy.kind is file: the daemon writes the tuned flags to {config_path} and a person "
-                        f"restarts vLLM; start vLLM with --config {config_path} and drop "
-                        f"{', '.join('--' + k for k in KNOBS)} from its command line (the command line wins over "
-                        "the file). For restarts by the daemon, set deploy.kind to command, systemd or compose")
-    return {
+    data: dict[str, Any] = {
         "scenario": scenario_path.name if scenario_path.parent == daemon_path.parent else str(scenario_path),
         "production": production,
-        "deploy": {"kind": "file", "config_path": str(config_path)},
+    }
+    if cmd is not None:
+        data["deploy"] = {"kind": "command", "config_path": str(config_path), "start": start_argv(cmd, config_path)}
+        if cmd.config_file:
+            result.check.append(f"your command reads --config {cmd.config_file}: deploy.start carries its settings "
+                                f"on the command line instead and reads the tuned flags from --config {config_path} "
+                                "(vLLM takes one config file)")
+        if cmd.env:
+            result.check.append(f"your command line sets {', '.join(sorted(cmd.env))}: set them in the daemon's "
+                                "environment too (deploy.start inherits it; the systemd unit's EnvironmentFile)")
+        result.check.append(f"deploy.kind is command: the daemon stops production, tunes on its GPUs and starts "
+                            f"it again with deploy.start (your command line, with --config {config_path} in place "
+                            f"of {', '.join('--' + k for k in KNOBS)})")
+    else:
+        data["deploy"] = {"kind": "file", "config_path": str(config_path)}
+        data["approve"] = "manual"
+        result.check.append(f"deploy.kind is file and approve is manual: the daemon writes the tuned flags to "
+                            f"{config_path} only after `autotuner daemon approve`; start vLLM with --config "
+                            f"{config_path} and drop {', '.join('--' + k for k in KNOBS)} from its command line "
+                            "(the command line wins over the file). Without deploy.stop/start it cannot take "
+                            "production down to tune on its GPUs: fill them in, or use deploy.kind command, "
+                            "systemd or compose")
+    data.update({
+        "window": WINDOW,
+        "max_downtime": MAX_DOWNTIME,
         "triggers": {"poll_interval_s": 60, "model_swap": True, "engine_upgrade": True, "gpu_change": True,
                      "workload_drift": {"p95_ratio": 1.25, "window_s": 3600, "min_requests": 200},
                      "production_oom": True, "schedule": None},
         "min_interval_s": 3600,
         "tune": {"trials": 20, "timeout": "2h", "confirm": "3x3", "soak": "10m"},
         "listen": {"host": "127.0.0.1", "port": 8765, "token_env": "AUTOTUNER_DAEMON_TOKEN"},
-    }
+    })
+    return data
+
+
+def start_argv(cmd: ServeCommand, config_path: Path) -> list[str]:
+    """The user's serve command with the tuned flags moved into `--config config_path`: what the
+    command target starts (and, being production's own command line, what it recognises running)."""
+    from autotuner.vllm import flag_argv
+
+    argv = [*cmd.command, cmd.model, *flag_argv({k: v for k, v in cmd.flags.items() if k not in KNOBS})]
+    if cmd.served_model_names:
+        argv += ["--served-model-name", *cmd.served_model_names]
+    if cmd.host is not None:
+        argv += ["--host", cmd.host]
+    if cmd.port is not None:
+        argv += ["--port", str(cmd.port)]
+    return [*argv, "--config", str(config_path)]
+
+
+# Comments written above the daemon config's keys: what each does, where it is not obvious.
+_DAEMON_COMMENTS = {
+    "window": ["Re-tunes start and run only inside this daily window (local time). A production crash or OOM",
+               "outside it is mitigated at once; only the re-tune waits for the window."],
+    "max_downtime": ["The most one cycle may keep production down (tune, confirm, soak and restart): the cycle",
+                     "plans its trials, confirmation and soak to fit, and stops early with the best verified so far."],
+    "approve": ["manual: a cycle stops at `proposed` with its evidence; `autotuner daemon approve CONFIG CYCLE`",
+                "deploys it (or `reject`)."],
+}
+_FILE_TARGET_HINT = [
+    "  # Without stop and start the daemon cannot take production down, so it cannot tune on production's",
+    "  # GPUs; give both (argv lists that run to completion), e.g.:",
+    "  # stop: [systemctl, stop, vllm]",
+    "  # start: [systemctl, start, vllm]",
+]
+
+
+def _daemon_yaml(data: dict[str, Any], title: str) -> str:
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
+    lines: list[str] = []
+    previous = None
+    for line in body.splitlines():
+        if not line.startswith(" "):
+            key = line.split(":", 1)[0]
+            if previous == "deploy" and data["deploy"]["kind"] == "file":
+                lines += _FILE_TARGET_HINT  # at the end of the deploy section
+            lines += [f"# {c}" for c in _DAEMON_COMMENTS.get(key, [])]
+            previous = key
+        lines.append(line)
+    return f"# {title}\n" + "\n".join(lines) + "\n"
 
 
 def _name(model: str) -> str:

@@ -9,7 +9,8 @@ from autotuner.backends import backend_for
 from autotuner.errors import UserInputError
 from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
-from autotuner.vllm import FlagValue, Platform, VllmKnowledge, flag_name
+from autotuner.vllm import FlagValue, Platform, VllmKnowledge, VllmRuleError, flag_name
+from autotuner.vllm.rules import LONG_MAX_MODEL_LEN_VAR
 
 _PARAM_KINDS = {"int": ("int",), "float": ("float", "int"), "bool": ("bool",), "categorical": ()}
 
@@ -19,7 +20,8 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
     """Types of engine.flags, current_config, --set values and search_space; then vLLM's rules on
     what `measure` launches (fixed flags and --set) — for `tune`, on the fixed flags with vLLM's
     defaults (a warning: candidates that break a rule are recorded without a launch)."""
-    from autotuner.tuner.space import build_space, model_limits
+    from autotuner.preflight.model_checks import scenario_model_limits
+    from autotuner.tuner.space import build_space
 
     engine = scenario.engine
     try:
@@ -59,16 +61,10 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
                             "autotuner knows: passed to the engine unchecked", "check their spelling in "
                             "`vllm serve --help`"))
     merged = {**fixed, **given}
-    violation = vllm.violation(merged, platform, model_limits(scenario), {**os.environ, **engine.env})
-    if violation is not None:
-        where = "engine.flags and --set" if given else "engine.flags"
-        if overrides is not None:
-            checks.append(Check("flag rules", "failed", f"{where}: vLLM would refuse to start: {violation}",
-                                "change the values so that vLLM's rule holds"))
-        else:
-            checks.append(Check("flag rules", "warning", f"{where} with vLLM's defaults: vLLM would refuse to "
-                                f"start: {violation}", "change engine.flags; candidates that break the rule "
-                                "are recorded as invalid-flags without a launch"))
+    try:
+        vllm.resolve(merged, platform, scenario_model_limits(scenario), {**os.environ, **engine.env})
+    except VllmRuleError as exc:
+        checks.append(_rule_check(exc, scenario, overrides, given, axis))
     if not checks or all(c.name != "flags" for c in checks):
         searched = f"{len(scenario.search_space)} searched" if scenario.search_space else "the default search space"
         checks.insert(0, Check("flags", "ok", f"{len(merged)} fixed, {searched}; values typed as vLLM "
@@ -77,3 +73,37 @@ def check_flags(scenario: Scenario, vllm: VllmKnowledge, overrides: Mapping[str,
         checks.append(Check("flag rules", "ok", "vLLM's startup rules hold" + (
             "" if platform is not None else " (platform-dependent defaults unchecked: no device seen)")))
     return checks
+
+
+def _rule_check(exc: VllmRuleError, scenario: Scenario, overrides: Mapping[str, FlagValue] | None,
+                given: Mapping[str, FlagValue], axis: tuple[str, str]) -> Check:
+    """A broken rule fails the check when no candidate can escape it (`measure`, or a rule on flags the
+    study does not search); a rule only some candidates break is a warning (they are recorded as
+    invalid-flags without a launch)."""
+    where = "engine.flags and --set" if given else "engine.flags"
+    searched = {flag_name(n) for n in scenario.search_space or {}}
+    if searched & set(axis):  # the offload axis sets vLLM's offload flags per candidate
+        searched |= {"cpu-offload-gb", "offload-backend", "offload-group-size", "offload-num-in-group",
+                     "offload-prefetch-step"}
+    if scenario.search_space is None:
+        searched |= {"max-num-batched-tokens", "gpu-memory-utilization", "cpu-offload-gb"}
+    if overrides is None and set(exc.flags) & searched:
+        return Check("flag rules", "warning", f"{where} with vLLM's defaults: vLLM would refuse to start: "
+                     f"{exc.reason}", "change engine.flags; candidates that break the rule are recorded as "
+                     "invalid-flags without a launch")
+    every = "" if overrides is not None else " (with every candidate: the rule is on flags the study does not search)"
+    return Check("flag rules", "failed", f"{where}: vLLM would refuse to start{every}: {exc.reason}",
+                 _rule_fix(exc))
+
+
+def _rule_fix(exc: VllmRuleError) -> str:
+    if LONG_MAX_MODEL_LEN_VAR in exc.text:
+        return (f"if production serves this context, it runs with {LONG_MAX_MODEL_LEN_VAR}=1: add "
+                f"{LONG_MAX_MODEL_LEN_VAR}: \"1\" to engine.env; otherwise lower engine.flags.max-model-len "
+                "to the model's own")
+    if exc.text.startswith("World size"):
+        return ("lower engine.flags.tensor-parallel-size (× pipeline-parallel-size) to the GPUs the monitor "
+                "sees, or list more GPUs in engine.gpus")
+    if "attention heads" in exc.text:
+        return "use a tensor-parallel-size that divides the model's attention heads"
+    return "change the values so that vLLM's rule holds"

@@ -3,15 +3,19 @@ cache, or (a warning) a hub name the engine will download on its first start?"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from autotuner.backends import backend_for
 from autotuner.errors import ModelSpecError
 from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
+from autotuner.vllm import ModelLimits
+from autotuner.vllm.rules import derived_max_model_len
 
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
@@ -64,3 +68,21 @@ def check_model(scenario: Scenario) -> Check:
     return Check("model", "warning", f"{model} is not in the Hugging Face cache {cache}: the engine will download "
                  "it on its first start", f"download it first (huggingface-cli download {model}) so that "
                  "engine.startup_timeout_s does not have to cover the download")
+
+
+def scenario_model_limits(scenario: Scenario) -> ModelLimits | None:
+    """What vLLM's rules need of the model: a preset's shape, or for a local directory its heads and
+    the context vLLM derives from its config.json (the same derivation vLLM runs at startup)."""
+    from autotuner.tuner.space import model_limits
+
+    limits = model_limits(scenario)
+    if limits is None or backend_for(scenario).simulated:
+        return limits
+    try:
+        data = json.loads((Path(scenario.engine.model).expanduser() / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return limits
+    derived = derived_max_model_len(data) if isinstance(data, dict) else None
+    if derived is None:
+        return limits
+    return replace(limits, derived_max_model_len=derived[0], max_len_key=derived[1])

@@ -1,5 +1,6 @@
 """Run the checks in order: the engine and its version, the model, the GPUs, the flags (typed and
-ruled on by the version found), the workload, the storage, the log directory, host RAM, proxies."""
+ruled on by the version found), whether the TP holds the model, the workload, the storage, the log
+directory, host RAM, proxies."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from autotuner.preflight.checklist import PreflightError, Report
 from autotuner.preflight.engine_checks import check_engine
 from autotuner.preflight.flag_checks import check_flags
 from autotuner.preflight.machine_checks import check_gpus, check_host_ram, check_log_dir, check_storage
+from autotuner.preflight.memory_checks import check_model_fits
 from autotuner.preflight.model_checks import check_model
 from autotuner.preflight.proxy_checks import check_proxies
-from autotuner.preflight.workload_checks import check_workload
+from autotuner.preflight.workload_checks import check_workload, served_context
 from autotuner.scenario import Scenario
 from autotuner.vllm import FlagValue, knowledge_for
 
@@ -43,6 +45,9 @@ def run_checks(scenario: Scenario, *, storage: str | None, log_dir: Path | None,
         typed = vllm.coerce_all({**scenario.engine.flags, **(overrides or {})}, "flags")
     except UserInputError:
         typed = {}  # the flags check said why
+    report.add(check_model_fits(scenario, typed, platform, served_context(scenario, typed)))
+    if fail_fast and report.failed:
+        return report
     report.add(check_workload(scenario, typed))
     if storage is not None:
         report.add(check_storage(storage))

@@ -21,7 +21,7 @@ def _max_len(d: LengthSettings) -> int | None:
 
 
 def _context(scenario: Scenario, flags: dict[str, FlagValue]) -> tuple[int | None, str]:
-    from autotuner.tuner.space import model_limits
+    from autotuner.preflight.model_checks import scenario_model_limits
 
     value = flags.get("max-model-len")
     space = scenario.search_space or {}
@@ -30,7 +30,7 @@ def _context(scenario: Scenario, flags: dict[str, FlagValue]) -> tuple[int | Non
         return int(float(param.high)), "search_space.max-model-len.high"  # type: ignore[arg-type]
     if isinstance(value, int) and not isinstance(value, bool):
         return value, "max-model-len"
-    model = model_limits(scenario)
+    model = scenario_model_limits(scenario)
     if model is not None and model.derived_max_model_len is not None:
         return model.derived_max_model_len, "the model's max_position_embeddings"
     return None, ""
@@ -56,3 +56,16 @@ def check_workload(scenario: Scenario, flags: dict[str, FlagValue]) -> Check:
                      f"context of {context} tokens ({source}): every such request would fail with HTTP 400",
                      "lower workload.requests.prompt_tokens / output_tokens, or raise max-model-len")
     return Check("workload", "ok", f"longest request {need} tokens ≤ context {context} ({source})")
+
+
+def served_context(scenario: Scenario, flags: dict[str, FlagValue]) -> int | None:
+    """The context vLLM will serve: max-model-len when set, else the model's derived length."""
+    from autotuner.preflight.model_checks import scenario_model_limits
+
+    value = flags.get("max-model-len")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value > 0 else None  # -1: vLLM fits the context to memory itself
+    if value is not None:
+        return None
+    model = scenario_model_limits(scenario)
+    return model.derived_max_model_len if model is not None else None

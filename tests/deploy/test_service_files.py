@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from autotuner.init import DAEMON_FILE
+
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "docker" / "autotuner-daemon.service"
 COMPOSE = ROOT / "docker" / "compose.daemon.yaml"
@@ -25,7 +27,10 @@ def test_the_daemon_unit_verifies() -> None:
     assert done.returncode == 0 and done.stderr == "", done.stderr
     settings = dict(line.split("=", 1) for line in UNIT.read_text().splitlines()
                     if "=" in line and not line.startswith("#"))
-    assert settings["ExecStart"].endswith("autotuner daemon run /etc/autotuner/daemon.yaml")
+    # The file `autotuner init --out /etc/autotuner` writes.
+    assert settings["ExecStart"].endswith(f"autotuner daemon run /etc/autotuner/{DAEMON_FILE}")
+    # The daemon's endpoint and the engines' sockets need more descriptors than the default 1024.
+    assert int(settings["LimitNOFILE"]) >= 65536
     # SIGTERM to the daemon alone, so it can roll back before anything else is killed.
     assert settings["KillMode"] == "mixed" and settings["Restart"] == "on-failure"
 
@@ -56,7 +61,7 @@ def test_the_daemon_beside_production_in_compose() -> None:
     services = yaml.safe_load(done.stdout)["services"]
     vllm, daemon = services["vllm"], services["daemon"]
     assert vllm["command"][:3] == ["meta-llama/Llama-3.1-8B-Instruct", "--config", "/etc/vllm/tuned.yaml"]
-    assert daemon["command"] == ["daemon", "run", "/etc/autotuner/daemon.yaml"]
+    assert daemon["command"] == ["daemon", "run", f"/etc/autotuner/{DAEMON_FILE}"]
     # One directory: the daemon writes the tuned file, production reads it.
     assert _mounts(vllm)["/etc/vllm"] == ("/etc/vllm", True)
     assert _mounts(daemon)["/etc/vllm"] == ("/etc/vllm", False)

@@ -52,12 +52,36 @@ def test_a_production_command_line_becomes_a_scenario(tmp_path: Path) -> None:
     assert sc.current_config == {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.92,
                                  "cpu-offload-gb": 0.0}
 
-    daemon = yaml.safe_load(daemon_file.read_text())
+    text = daemon_file.read_text()
+    daemon = yaml.safe_load(text)
     assert daemon["scenario"] == "scenario.yaml"
     assert daemon["production"] == {"endpoint": "http://127.0.0.1:8001", "api_key_env": "VLLM_API_KEY"}
-    assert daemon["deploy"]["kind"] == "file"
-    assert Path(daemon["deploy"]["config_path"]).is_absolute()
-    assert "check: deploy.kind is file" in done.stdout
+    # A target that can take production down and bring it back: the user's own command line, with the
+    # three tuned flags moved into the --config file the daemon writes; no stop (the target stops the
+    # running production process by its command line and port).
+    config_path = daemon["deploy"]["config_path"]
+    assert Path(config_path).is_absolute()
+    assert daemon["deploy"] == {"kind": "command", "config_path": config_path, "start": [
+        "vllm", "serve", "meta-llama/Llama-2-13b-hf", "--max-model-len", "8192", "--tensor-parallel-size", "8",
+        "--no-enable-prefix-caching", "--enforce-eager", "--served-model-name", "llama-2-13b",
+        "--host", "0.0.0.0", "--port", "8001", "--config", config_path]}
+    assert SECRET not in " ".join(daemon["deploy"]["start"])
+    assert "check: deploy.kind is command" in done.stdout
+    assert "CUDA_VISIBLE_DEVICES" in done.stdout  # to be set in the daemon's environment
+    # A cycle's bounds, each with a comment saying what it does; the header names the command.
+    assert daemon["window"] == "01:00-06:00" and daemon["max_downtime"] == "30m"
+    assert "# Re-tunes start and run only inside this daily window" in text
+    assert "# The most one cycle may keep production down" in text
+    assert text.splitlines()[0].endswith(f"run it with `autotuner daemon run {daemon_file}`.")
+    # One study database, the scenario's: the daemon uses it when its own is unset.
+    assert "storage" not in daemon
+    assert sc.storage == f"sqlite:///{tmp_path.resolve() / 'autotuner.db'}"
+    # It loads as `autotuner daemon run` reads it, and init checked that a cycle can complete.
+    loaded = load_config(daemon_file)
+    assert loaded.config.max_downtime_s == 1800 and loaded.config.deploy.kind == "command"
+    assert "check: cycle: window: 01:00-06:00" in done.stdout
+    assert "check: cycle: rollout: deploy through the command target" in done.stdout
+    assert "cannot complete" not in done.stdout
 
 
 def test_a_config_file_on_the_command_line_is_read_and_left_alone(tmp_path: Path) -> None:
