@@ -7,11 +7,16 @@ import concurrent.futures
 
 import httpx
 
+from autotuner.daemon.config import TriggerSettings
+from autotuner.daemon.triggers import OOM, TriggerWatch
+from autotuner.scenario import Scenario
 from autotuner.sim.args import build_config, parse_args
 from autotuner.sim.core import EngineCore, SimRequest
 from autotuner.sim.memory import plan_startup
 from autotuner.sim.vllm_log import scheduler_output
 from autotuner.watch.scheduler_dump import crash_steps
+from autotuner.watch.snapshot import ProductionSnapshot
+from tests.support.daemon import SCENARIO
 from tests.support.waiting import wait_for
 
 SEED = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192", "--sim-noise", "0"]
@@ -41,10 +46,12 @@ def test_the_failed_step_is_dumped_with_the_lengths_it_scheduled() -> None:
 
 def test_a_served_engine_logs_the_dump_before_the_oom(sim_server) -> None:
     server = sim_server.start([*SEED, *TIGHT, "--sim-speedup", "100"])
+    watch = TriggerWatch(TriggerSettings(workload_drift=None), server.log_path)  # as the daemon reads production
     sizes = (5000, 3000)
 
     def send(n: int) -> int:
-        body = {"prompt": " ".join(f"{i:04d}" for i in range(n)), "max_tokens": 16, "ignore_eos": True}
+        # Token ids of their own: no prefix-cache hit on the other prompt shortens the long prefill.
+        body = {"prompt": [(n + i) % 30000 for i in range(n)], "max_tokens": 16, "ignore_eos": True}
         return httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -58,3 +65,8 @@ def test_a_served_engine_logs_the_dump_before_the_oom(sim_server) -> None:
     assert 5000 in steps[0].prompt_lengths and set(steps[0].new_prompt_tokens) <= set(sizes)
     assert log.index("Dumping scheduler output for model execution") < log.index("torch.OutOfMemoryError")
     assert "[dump_input.py:79] Dumping scheduler output" in log  # written where vLLM writes it
+    # The daemon's OOM trigger carries them.
+    down = ProductionSnapshot(0.0, server.url, False, "refused", None, None, None, None, None, None, None, None,
+                              None, None)
+    [fired] = watch.observe(down, (), None, Scenario.model_validate(SCENARIO), None)
+    assert fired.kind == OOM and 5000 in fired.evidence["crash_prompts"]
