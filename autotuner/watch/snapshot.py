@@ -46,11 +46,6 @@ class LengthHistogram:
             lower_count = cumulative
         return lower_bound
 
-    @property
-    def top_finite_bound(self) -> float:
-        """The largest finite bucket bound (0 without one): above it, only the +Inf bucket."""
-        return max((le for le, _ in self.buckets if not math.isinf(le)), default=0.0)
-
     def since(self, earlier: LengthHistogram) -> LengthHistogram:
         """The requests observed after `earlier` was taken. A counter that went down (the engine restarted)
         or a changed bucket layout means `earlier` no longer applies: everything now is the window."""
