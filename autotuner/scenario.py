@@ -195,6 +195,12 @@ class RequestSettings(_Model):
     shared_prefix_fraction: float = Field(default=0.0, ge=0, le=1)
     api: Literal["completions", "chat"] = "completions"
     path: str | None = Field(default=None, description="JSONL trace, relative to the scenario file")
+    include_prompt_tokens: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        description="prompt lengths replayed first, each once, then the distribution: the first measured "
+        "requests (after the warm-up) have exactly these lengths, the rest are drawn from prompt_tokens as "
+        "without it; a count smaller than the list grows to hold them all. The daemon sets it to the "
+        "prompts of the step that crashed production (synthetic requests only)")
 
     _lengths = field_validator("prompt_tokens", "output_tokens", mode="before")(
         classmethod(lambda cls, v: _length(v)))
@@ -203,6 +209,9 @@ class RequestSettings(_Model):
     def _trace_path(self) -> RequestSettings:
         if self.kind == "trace" and not self.path:
             raise ValueError("kind trace needs path (a JSONL file)")
+        if self.kind == "trace" and self.include_prompt_tokens:
+            raise ValueError("include_prompt_tokens is for synthetic requests: a trace replays its own prompts "
+                             "(add those requests to the trace instead)")
         return self
 
 
@@ -245,7 +254,8 @@ class WorkloadSettings(_Model):
             requests = TraceRequests(path if path.is_absolute() or base_dir is None else base_dir / path)
         else:
             requests = SyntheticRequests(r.count, _length_spec(r.prompt_tokens), _length_spec(r.output_tokens),
-                                         r.shared_prefix_tokens, r.shared_prefix_fraction, r.api)
+                                         r.shared_prefix_tokens, r.shared_prefix_fraction, r.api,
+                                         tuple(r.include_prompt_tokens))
         a = self.arrivals
         arrivals = Arrivals(a.kind, a.concurrency, a.rate, a.time_scale * time_scale, a.burst_size,
                             a.burst_interval_s)

@@ -14,8 +14,9 @@ from typing import Any
 
 from autotuner.daemon.config import TriggerSettings
 from autotuner.scenario import Scenario
-from autotuner.watch.drift import prompt_drift
+from autotuner.watch.drift import context_of, prompt_drift
 from autotuner.watch.oom import oom_lines
+from autotuner.watch.scheduler_dump import CrashStep, crash_steps
 from autotuner.watch.snapshot import GpuInfo, LengthHistogram, ProductionSnapshot
 
 MODEL_SWAP, ENGINE_UPGRADE, GPU_CHANGE, DRIFT, OOM, CRASH, KV_PRESSURE, SCHEDULE = (
@@ -27,6 +28,11 @@ OBSERVED_LENGTHS = (DRIFT, OOM, CRASH, KV_PRESSURE)
 KV_PINNED = 0.98
 KV_POLLS = 3
 _LOG_TAIL_BYTES = 1 << 20
+# A request's lengths reach /metrics when it finishes, about when its response ends: a snapshot taken this
+# soon after our own traffic ended may still be missing its last requests, so it is no baseline yet.
+OWN_TRAFFIC_SETTLE_S = 1.0
+# The crashing steps' lengths a trigger carries at most (a step schedules up to max-num-seqs requests).
+CRASH_PROMPTS_MAX = 512
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class TriggerWatch:
     log_offset: int | None = None
     down_since: float | None = None  # production unreachable since (a restart by a person is short)
     down_fired: bool = False
+    # Scheduler dumps read from the log and not yet reported: the dump comes before the OOM line, and a poll
+    # can fall between them.
+    crashes: list[CrashStep] = field(default_factory=list)
+    # No drift baseline is taken before this time: until then production's counts hold our own traffic.
+    quiet_after: float | None = None
 
     def __post_init__(self) -> None:
         self.log_offset = self._log_size()  # OOMs before we started are not news
@@ -81,11 +92,17 @@ class TriggerWatch:
             return None
 
     def new_log_ooms(self) -> list[str]:
+        """The OOM lines logged since the last read; the scheduler dumps among them join `crashes`."""
+        text = self._new_log_text()
+        self.crashes += crash_steps(text)
+        return oom_lines(text)
+
+    def _new_log_text(self) -> str:
         if self.log_path is None:
-            return []
+            return ""
         size = self._log_size()
         if size is None:
-            return []
+            return ""
         start = self.log_offset or 0
         if size < start:  # rotated or truncated: read the new file from its start
             start = 0
@@ -95,9 +112,9 @@ class TriggerWatch:
                 f.seek(start)
                 text = f.read(size - start).decode(errors="replace")
         except OSError:
-            return []
+            return ""
         self.log_offset = size
-        return oom_lines(text)
+        return text
 
     def forget(self) -> None:
         """After a cycle changed production: its past is another config's."""
@@ -106,6 +123,19 @@ class TriggerWatch:
         self.kv_climb = 0
         self.down_since, self.down_fired = None, False
         self.log_offset = self._log_size()
+        self.crashes.clear()
+
+    def own_traffic(self, start_s: float, end_s: float) -> None:
+        """The daemon sent production requests of its own (verify, a soak) from `start_s` to `end_s`
+        (time.time()): they are in production's cumulative histogram, and no drift window may hold them.
+        Every baseline taken before they ended is dropped, and none is taken until they have settled: the
+        next window starts after `end_s`."""
+        if end_s < start_s:
+            raise ValueError(f"own traffic ends ({end_s}) before it starts ({start_s})")
+        settled = end_s + OWN_TRAFFIC_SETTLE_S
+        self.quiet_after = settled if self.quiet_after is None else max(self.quiet_after, settled)
+        while self.history and self.history[0][0] < settled:
+            self.history.popleft()
 
     def observe(self, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...], ref: dict[str, Any] | None,
                 scenario: Scenario, last_cycle_at: float | None, now: float | None = None) -> list[Trigger]:
@@ -129,7 +159,7 @@ class TriggerWatch:
         if s.production_oom:
             fired += self._health(snap, now, scenario.engine.startup_timeout_s)
         if s.workload_drift is not None and snap.reachable and snap.prompt_tokens is not None:
-            fired += self._drift(snap.prompt_tokens, scenario, now)
+            fired += self._drift(snap, snap.prompt_tokens, scenario, now)
         if s.schedule is not None and last_cycle_at is not None and now - last_cycle_at >= s.schedule.every:
             fired.append(Trigger(SCHEDULE, {"every_s": s.schedule.every, "last_cycle_at": last_cycle_at}))
         self.last = snap
@@ -142,7 +172,7 @@ class TriggerWatch:
         lines = self.new_log_ooms()
         if lines:
             fired.append(Trigger(OOM, {"log": str(self.log_path), "lines": lines[-5:], "count": len(lines),
-                                       **self._observed()}))
+                                       **self._observed(), **self._crashed()}))
         prev = self.last
         if snap.reachable:
             self.down_since, self.down_fired = None, False
@@ -152,10 +182,10 @@ class TriggerWatch:
         if self.down_since is not None and not self.down_fired and now - self.down_since >= grace_s and not lines:
             self.down_fired = True
             fired.append(Trigger(CRASH, {"error": snap.error, "down_s": round(now - self.down_since, 1),
-                                         **self._observed()}))
+                                         **self._observed(), **self._crashed()}))
         elif prev is not None and prev.reachable and snap.reachable and _went_back(prev, snap) and not lines:
             fired.append(Trigger(CRASH, {"error": "the service restarted (its request counters went back to zero)",
-                                         **self._observed()}))
+                                         **self._observed(), **self._crashed()}))
         if snap.reachable and snap.kv_cache_usage is not None and snap.preemptions_total is not None \
                 and prev is not None and prev.preemptions_total is not None:
             climbing = snap.kv_cache_usage >= KV_PINNED and snap.preemptions_total > prev.preemptions_total
@@ -168,29 +198,56 @@ class TriggerWatch:
         return fired
 
     def _observed(self) -> dict[str, Any]:
-        """The lengths production served before it failed: what the re-tune must survive."""
+        """The lengths production served before it failed: what the re-tune must survive, with the context
+        that bounds the histogram's +Inf bucket."""
         snap = self.last_reachable
         return {"prompt_tokens": histogram_dict(snap.prompt_tokens if snap else None),
-                "generation_tokens": histogram_dict(snap.generation_tokens if snap else None)}
+                "generation_tokens": histogram_dict(snap.generation_tokens if snap else None),
+                "max_model_len": snap.max_model_len if snap else None}
 
-    def _drift(self, hist: LengthHistogram, scenario: Scenario, now: float) -> list[Trigger]:
+    def _crashed(self) -> dict[str, Any]:
+        """The requests of the steps that killed the engine, from vLLM's scheduler dump (none when the log
+        holds no dump): their lengths, longest first, and the largest step's scheduled tokens. Reported once."""
+        if not self.crashes:
+            return {}
+        steps, self.crashes = self.crashes, []
+        lengths = sorted((n for step in steps for n in step.prompt_lengths), reverse=True)[:CRASH_PROMPTS_MAX]
+        totals = [step.total_scheduled_tokens for step in steps if step.total_scheduled_tokens is not None]
+        return {"crash_prompts": lengths, "crash_step_tokens": max(totals) if totals else sum(lengths),
+                "crash_steps": len(steps)}
+
+    def _drift(self, snap: ProductionSnapshot, hist: LengthHistogram, scenario: Scenario,
+               now: float) -> list[Trigger]:
+        """`scenario` is what production was last tuned for (the cycle's, not the configured one): drift is
+        production moving away from what the config was chosen under.
+
+        A window is the difference between two snapshots, the older one a baseline taken after our own
+        traffic ended: the cumulative counts since the engine started are never a window (they hold the
+        daemon's verify and soak prompts, and whatever came before the config now served)."""
         d = self.settings.workload_drift
         assert d is not None
+        if self.quiet_after is not None and now < self.quiet_after:
+            return []  # our own requests may still be arriving in these counts: not a baseline
         if self.history and hist.count < self.history[-1][1].count:
             self.history.clear()  # the service restarted: its counters began again
         self.history.append((now, hist))
         while len(self.history) > 1 and self.history[1][0] <= now - d.window_s:
             self.history.popleft()
-        window = hist.since(self.history[0][1]) if len(self.history) > 1 else hist
-        if window.count < d.min_requests:
+        if len(self.history) < 2:
             return []
-        drift = prompt_drift(scenario, window, min_requests=d.min_requests)
+        window = hist.since(self.history[0][1])
+        if window is hist or window.count < d.min_requests:  # since() gave up on the baseline: not a window
+            return []
+        context = snap.max_model_len or context_of(scenario)
+        drift = prompt_drift(scenario, window, min_requests=d.min_requests, max_model_len=context)
         if drift is None or drift.ratio < d.p95_ratio:
             return []
-        self.history.clear()  # once per window of evidence
+        self.history.clear()  # once per window of evidence: the next one starts here
+        self.history.append((now, hist))
         return [Trigger(DRIFT, {"p95_scenario": drift.p95_scenario, "p95_production": drift.p95_production,
                                 "ratio": drift.ratio, "requests": drift.requests, "threshold": d.p95_ratio,
                                 "window_s": d.window_s, "prompt_tokens": histogram_dict(window),
+                                "max_model_len": context,
                                 "generation_tokens": histogram_dict(self.last_reachable.generation_tokens
                                                                     if self.last_reachable else None)})]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotuner.sim.args import EngineConfig
 from autotuner.sim.kv_cache import BlockPool, block_hashes
@@ -75,10 +75,22 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class ScheduledRequest:
+    """One request of a step as vLLM's SchedulerOutput holds it (what its crash dump prints)."""
+
+    request: SimRequest
+    tokens: int  # scheduled in the step
+    computed: int  # num_computed_tokens when the step began
+    new: bool  # first scheduled in this step (scheduled_new_reqs); else a running one (scheduled_cached_reqs)
+    resumed: bool = False  # back from a preemption: vLLM lists it among the cached, in resumed_req_ids
+
+
+@dataclass(frozen=True)
 class OomEvent:
     rank: int
     tried_bytes: int
     message: str
+    step: tuple[ScheduledRequest, ...] = ()  # the step whose allocation failed
 
 
 class EngineCore:
@@ -95,6 +107,7 @@ class EngineCore:
         self.allocators = [AllocatorState(plan.steady_bytes, others[r], plan.total_bytes) for r in range(tp)]
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        self._admitted_at = 0
         self.dead = False
         self.num_preemptions = 0
         self.prefix_queries = 0
@@ -134,6 +147,7 @@ class EngineCore:
         oom = self._charge_memory(self.noise.transient(transient), len(scheduled))
         if oom is not None:
             self.dead = True
+            oom = replace(oom, step=self._failed_step(scheduled))
             return StepResult(now, duration, shape.num_tokens, len(scheduled), [], [], preempted, oom)
         end = now + duration
         emitted: list[SimRequest] = []
@@ -181,6 +195,7 @@ class EngineCore:
             scheduled.append((req, n))
             budget -= n
             i += 1
+        self._admitted_at = len(scheduled)  # what follows was admitted from the queue in this step
         if preempted:
             return scheduled, preempted  # V1 admits nothing new in a step that had to preempt
         chunked = self.config.enable_chunked_prefill
@@ -212,6 +227,15 @@ class EngineCore:
             scheduled.append((req, n))
             budget -= n
         return scheduled, preempted
+
+    def _failed_step(self, scheduled: list[tuple[SimRequest, int]]) -> tuple[ScheduledRequest, ...]:
+        """The step as vLLM's scheduler output names it; the OOM left every count as it was before it."""
+        out = []
+        for i, (req, n) in enumerate(scheduled):
+            admitted = i >= self._admitted_at
+            out.append(ScheduledRequest(req, n, req.num_computed, new=admitted and req.preemptions == 0,
+                                        resumed=admitted and req.preemptions > 0))
+        return tuple(out)
 
     def _prefix_hits(self, req: SimRequest) -> list[int]:
         if not self.config.enable_prefix_caching:

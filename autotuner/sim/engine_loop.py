@@ -18,11 +18,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from autotuner.sim import tokens
-from autotuner.sim.args import EngineConfig
+from autotuner.sim.args import VLLM_VERSION, EngineConfig
 from autotuner.sim.core import EngineCore, SimRequest, StepResult
 from autotuner.sim.metrics_exporter import EngineMetrics
-from autotuner.sim.vllm_log import VllmLog
+from autotuner.sim.vllm_log import VllmLog, scheduler_output
 from autotuner.sim.worker_pool import SimWorkerError, WorkerPool
+from autotuner.vllm import log_patterns
 
 LOG_INTERVAL_S = 10.0  # vLLM's periodic stats line, simulated seconds
 FINISHED_LOG_SIZE = 10_000
@@ -183,6 +184,7 @@ class SimEngine:
         assert result.oom is not None
         self.dead = True
         log = self.log
+        self._dump_step(result)
         log.core("EngineCore encountered a fatal error.", where="core.py:710", level="ERROR")
         log.core(
             "Traceback (most recent call last):\n"
@@ -194,6 +196,25 @@ class SimEngine:
             level="ERROR",
         )
         self._fail_streams()
+
+    def _dump_step(self, result: StepResult) -> None:
+        """What vLLM's engine core logs of the failed step before re-raising (vllm/v1/engine/core.py
+        `log_error_detail` → vllm/logging_utils/dump_input.py): the config, the scheduler output with the
+        lengths of the prompts it held, the scheduler's counts."""
+        assert result.oom is not None
+        c, core = self.config, self.core
+        header_where, dump_where, stats_where = log_patterns.DUMP_WHERE
+        config = (f"model={c.model_arg!r}, tensor_parallel_size={c.tensor_parallel_size}, "
+                  f"max_seq_len={c.max_model_len}, max_num_batched_tokens={c.max_num_batched_tokens}, "
+                  f"max_num_seqs={c.max_num_seqs}, enable_prefix_caching={c.enable_prefix_caching}, "
+                  f"chunked_prefill_enabled={c.enable_chunked_prefill}")
+        self.log.core(log_patterns.DUMP_INPUT_HEADER.format(version=VLLM_VERSION, config=config),
+                      where=header_where, level="ERROR")
+        self.log.core(log_patterns.SCHEDULER_DUMP + scheduler_output(result.oom.step), where=dump_where,
+                      level="ERROR")
+        self.log.core(log_patterns.SCHEDULER_STATS_DUMP + f"SchedulerStats(num_running_reqs={len(core.running)}, "
+                      f"num_waiting_reqs={len(core.waiting)}, kv_cache_usage={core.kv_usage}, "
+                      f"num_preemptions={core.num_preemptions})", where=stats_where, level="ERROR")
 
     def _fail_streams(self) -> None:
         log = self.log

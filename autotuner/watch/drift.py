@@ -20,6 +20,12 @@ class Drift:
     requests: int
 
 
+def context_of(scenario: Scenario) -> int | None:
+    """The scenario's max-model-len flag, when it sets one (else the model's own, which we cannot know here)."""
+    value = scenario.engine.flags.get("max-model-len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def length_quantile(settings: LengthSettings, q: float) -> float:
     """The q-quantile of a scenario length distribution (after its min/max clamp)."""
     z = NormalDist().inv_cdf(min(max(q, 1e-9), 1 - 1e-9))
@@ -36,13 +42,17 @@ def length_quantile(settings: LengthSettings, q: float) -> float:
     return raw if settings.max is None else min(raw, float(settings.max))
 
 
-def prompt_drift(scenario: Scenario, window: LengthHistogram, *, min_requests: int = MIN_REQUESTS) -> Drift | None:
+def prompt_drift(scenario: Scenario, window: LengthHistogram, *, min_requests: int = MIN_REQUESTS,
+                 max_model_len: int | None = None) -> Drift | None:
     """p95 prompt length in production's window against the scenario's. None when the window holds fewer
-    than `min_requests` requests or the scenario replays a trace (its lengths are not a distribution)."""
+    than `min_requests` requests or the scenario replays a trace (its lengths are not a distribution).
+
+    `max_model_len` (the served context, else the scenario's max-model-len) bounds the +Inf bucket: without
+    it every prompt above vLLM's last finite bucket reads as that bound and a p95 beyond it never shows."""
     requests = scenario.workload.requests
     if requests.kind != "synthetic" or window.count < max(1, min_requests):
         return None
-    production = window.quantile(0.95)
+    production = window.quantile(0.95, upper=max_model_len or context_of(scenario))
     if production is None:
         return None
     expected = length_quantile(requests.prompt_tokens, 0.95)

@@ -18,9 +18,15 @@ class LengthHistogram:
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
-    def quantile(self, q: float) -> float | None:
+    def quantile(self, q: float, upper: float | None = None) -> float | None:
         """Like PromQL's histogram_quantile: linear inside the bucket holding rank q × count, the first
-        bucket starting at 0, the +Inf bucket answered with the highest finite bound. None when empty."""
+        bucket starting at 0. None when empty.
+
+        The +Inf bucket has no upper edge: PromQL answers it with the highest finite bound, which reads
+        every prompt above vLLM's last bucket (5000 for an 8192 context) as 5000. With `upper` (the served
+        max_model_len, which no prompt can exceed) it is a bucket like the others, (top bound, upper], and
+        is interpolated linearly too: the histogram says nothing more about where inside it they fall, so
+        linear is the same guess PromQL makes in every finite bucket."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile {q} is outside [0, 1]")
         if self.count <= 0 or not self.buckets:
@@ -29,9 +35,12 @@ class LengthHistogram:
         lower_bound, lower_count = 0.0, 0.0
         for le, cumulative in self.buckets:
             if cumulative >= rank and cumulative > lower_count:
+                top = le
                 if math.isinf(le):
-                    return lower_bound
-                return lower_bound + (le - lower_bound) * (rank - lower_count) / (cumulative - lower_count)
+                    if upper is None or upper <= lower_bound:
+                        return lower_bound
+                    top = float(upper)
+                return lower_bound + (top - lower_bound) * (rank - lower_count) / (cumulative - lower_count)
             if not math.isinf(le):
                 lower_bound = le
             lower_count = cumulative

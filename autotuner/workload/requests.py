@@ -97,15 +97,21 @@ class PromptBuilder:
         return RequestSpec(text, None, max_tokens, None, target)
 
 
-def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration, seed: int) -> list[RequestSpec]:
-    """`total` requests; lengths drawn in a fixed order from one seeded stream (reproducible)."""
+def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration, seed: int,
+                    warmup: int = 0) -> list[RequestSpec]:
+    """`total` requests; lengths drawn in a fixed order from one seeded stream (reproducible). The first
+    measured ones (after `warmup`) have `syn.include_prompt_tokens`' lengths: measured, so that a request
+    of theirs that fails fails the run; the warm-up stays drawn, as it is only there to warm the engine."""
     chat = syn.api == "chat"
     builder = PromptBuilder(calibration, seed)
     shared = builder.shared_prefix(syn.shared_prefix_tokens, chat) if syn.shared_prefix_tokens else []
     rng = random.Random(seed)
+    included = syn.include_prompt_tokens
     out = []
     for i in range(total):
-        target = syn.prompt_tokens.sample(rng)
+        target = syn.prompt_tokens.sample(rng)  # drawn even when replaced: the rest stay as without the list
+        if 0 <= i - warmup < len(included):
+            target = included[i - warmup]
         max_tokens = syn.output_tokens.sample(rng)
         use_shared = shared if shared and rng.random() < syn.shared_prefix_fraction else []
         offset = rng.randrange(FILLER_CYCLE)
@@ -134,8 +140,8 @@ async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: 
         warnings.append(f"{base_url} has no /tokenize: prompt lengths are estimated at "
                         "~4 characters per token and may be off by a good margin")
         log.warning("workload.tokenize_unavailable", base_url=base_url)
-    total = spec.warmup_requests + syn.count
-    reqs = build_synthetic(syn, total, cal, spec.seed)
+    total = spec.warmup_requests + syn.measured
+    reqs = build_synthetic(syn, total, cal, spec.seed, warmup=spec.warmup_requests)
     if not cal.estimated:
         reqs, note = await _verify(reqs, counter, random.Random(f"{spec.seed}-verify"))
         if note:

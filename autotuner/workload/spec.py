@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -81,16 +82,42 @@ class SyntheticRequests:
     shared_prefix_tokens: int = 0
     shared_prefix_fraction: float = 0.0
     api: Api = "completions"
+    # Lengths of the first measured prompts, each once (the prompts that crashed production); the rest are
+    # drawn from `prompt_tokens`.
+    include_prompt_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise WorkloadError(f"synthetic request count must be ≥ 1, got {self.count}")
+        if any(n < 1 for n in self.include_prompt_tokens):
+            raise WorkloadError(f"include_prompt_tokens must all be ≥ 1, got {list(self.include_prompt_tokens)}")
         if not 0.0 <= self.shared_prefix_fraction <= 1.0:
             raise WorkloadError("shared_prefix_fraction must be between 0 and 1")
         if self.shared_prefix_tokens < 0:
             raise WorkloadError("shared_prefix_tokens must be ≥ 0")
         if self.api not in ("completions", "chat"):
             raise WorkloadError(f"api {self.api!r} is not one of completions, chat")
+
+
+    @property
+    def measured(self) -> int:
+        """Measured requests: `count`, grown to hold every included length. Growing rather than refusing:
+        the daemon fills the list from a crash dump whose size it does not choose (up to max-num-seqs
+        requests), and a re-tune that dropped some of the prompts that crashed production would certify a
+        config against less than what killed it."""
+        return max(self.count, len(self.include_prompt_tokens))
+
+
+def replay_first(lengths: Sequence[int], draw: Callable[[random.Random], int]) -> Callable[[random.Random], int]:
+    """A length sampler that answers `lengths` in order, then draws. It draws for the included ones too
+    (and drops the draw), so the requests after them get the lengths they would have had without them."""
+    queue = list(lengths)
+
+    def sample(rng: random.Random) -> int:
+        drawn = draw(rng)
+        return queue.pop(0) if queue else drawn
+
+    return sample
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from autotuner.daemon.config import DriftSettings, ScheduleSettings, TriggerSettings
-from autotuner.daemon.cycle import observed_prompts, tune_changes
+from autotuner.daemon.evidence import observed_prompts, tune_changes
 from autotuner.daemon.triggers import (
     CRASH,
     DRIFT,
