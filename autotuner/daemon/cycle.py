@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import httpx
 import structlog
 
 from autotuner.daemon.config import LoadedConfig
+from autotuner.daemon.evidence import tune_changes
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
 from autotuner.daemon.keeper import Keeper
 from autotuner.daemon.known_good import KnownGoodChain
@@ -52,12 +52,11 @@ from autotuner.daemon.state import (
     Cycle,
     CycleStore,
 )
-from autotuner.daemon.triggers import MODEL_SWAP, OBSERVED_LENGTHS, histogram_of
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.errors import AutotunerError, UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.verify import CONTEXT_MARGIN_TOKENS, Verdict, verify
+from autotuner.verify import Verdict, verify
 from autotuner.vllm import FlagValue
 
 log = structlog.get_logger("autotuner.daemon")
@@ -81,45 +80,6 @@ def flags_equal(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 
 # --- the scenario a cycle tunes ----------------------------------------------------------------------
-
-def _quantile(hist: Any, q: float) -> float | None:
-    value = hist.quantile(q)
-    return value if value is not None and math.isfinite(value) and value > 0 else None
-
-
-def observed_prompts(scenario: Scenario, evidence: dict[str, Any]) -> dict[str, Any] | None:
-    """The prompt lengths production served (its /metrics histogram), as the scenario's length settings:
-    uniform from the median to the longest seen, cut to what the context holds."""
-    hist = histogram_of(evidence.get("prompt_tokens"))
-    if hist is None or hist.count < 1:
-        return None
-    high = _quantile(hist, 1.0) or _quantile(hist, 0.99)
-    low = _quantile(hist, 0.5)
-    if high is None:
-        return None
-    context = scenario.engine.flags.get("max-model-len")
-    if isinstance(context, int):
-        out = scenario.workload.requests.output_tokens
-        out_max = out.value if out.kind == "fixed" else (out.max or out.high or 0)
-        high = min(high, context - (out_max or 0) - CONTEXT_MARGIN_TOKENS)
-    high_i = max(1, int(high))
-    return {"kind": "uniform", "low": max(1, min(int(low or 1), high_i)), "high": high_i}
-
-
-def tune_changes(scenario: Scenario, trigger_kind: str, evidence: dict[str, Any],
-                 observed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What this cycle's scenario changes in the configured one: the model production now serves (after a
-    swap, and in every later cycle), the prompt lengths it saw."""
-    changes: dict[str, Any] = {}
-    root = evidence.get("root") if trigger_kind == MODEL_SWAP else (observed or {}).get("root")
-    if root and root != scenario.engine.model:
-        changes["engine.model"] = root
-    if trigger_kind in OBSERVED_LENGTHS:
-        prompts = observed_prompts(scenario, evidence)
-        if prompts is not None:
-            changes["workload.requests.prompt_tokens"] = prompts
-    return changes
-
 
 def apply_changes(scenario: Scenario, changes: dict[str, Any]) -> Scenario:
     data = scenario.model_dump(mode="json", exclude={"storage"})

@@ -22,6 +22,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -78,7 +79,7 @@ class Daemon:
         self.runtime = RuntimeStore(self.store, deployment)
         from autotuner.deploy import make_target
 
-        self.target = make_target(self.config.deploy)
+        self.target = make_target(self.config.deploy, production_port=urlsplit(self.config.production.endpoint).port)
         self.watch = TriggerWatch(self.config.triggers, self.config.production.log)
         self.notifier = Notifier(self.config.notify, deployment)
         self.keeper = Keeper(target=self.target, endpoint=self.config.production.endpoint, states=self.states,
@@ -417,9 +418,7 @@ class Daemon:
 
     def own_traffic(self, start_s: float, end_s: float) -> None:
         """The daemon's verify (and soak) prompts are not production's workload: not drift."""
-        mark = getattr(self.watch, "own_traffic", None)
-        if callable(mark):
-            mark(start_s, end_s)
+        self.watch.own_traffic(start_s, end_s)
 
     async def drive(self, cycle: Cycle) -> None:
         from autotuner.engine.registry import autotuner_home

@@ -32,12 +32,15 @@ __all__ = [
 ]
 
 
-def make_target(spec: DeploySpec, registry: EngineRegistry | None = None) -> DeployTarget:
-    """`registry`: where a supervised `command` start is recorded (default: $AUTOTUNER_HOME's)."""
+def make_target(spec: DeploySpec, registry: EngineRegistry | None = None,
+                production_port: int | None = None) -> DeployTarget:
+    """`registry`: where a supervised `command` start is recorded (default: $AUTOTUNER_HOME's).
+    `production_port`: where production listens, for a `command` target to stop the production it did not
+    start (see CommandTarget.stop)."""
     if isinstance(spec, FileSpec):
         return FileTarget(spec)
     if isinstance(spec, CommandSpec):
-        return CommandTarget(spec, registry)
+        return CommandTarget(spec, registry, production_port)
     if isinstance(spec, SystemdSpec):
         return SystemdTarget(spec)
     return ComposeTarget(spec)

@@ -55,9 +55,11 @@ class Supervised:
 class CommandTarget(FileBacked):
     kind = "command"
 
-    def __init__(self, spec: CommandSpec, registry: EngineRegistry | None = None) -> None:
+    def __init__(self, spec: CommandSpec, registry: EngineRegistry | None = None,
+                 production_port: int | None = None) -> None:
         super().__init__(spec.config_path)
         self.spec = spec
+        self.production_port = production_port  # where an unsupervised production listens (see stop)
         self.registry = registry or EngineRegistry()
         self._child: Supervised | None = None
         self._exit_note: str | None = None
@@ -162,7 +164,9 @@ class CommandTarget(FileBacked):
     # --- beyond the interface ------------------------------------------------------------------------
 
     def _running_start_command(self) -> list[psutil.Process]:
-        """This user's processes running exactly `start`, with their descendants (TP workers)."""
+        """This user's processes running exactly `start`, with their descendants (TP workers); else the
+        process listening on production's port — production as it ran before the daemon, whose command line
+        still holds the flags that now live in the config file (`init --from-cmd` wrote `start` from it)."""
         found: list[psutil.Process] = []
         uid = os.getuid()
         for proc in psutil.process_iter(["cmdline", "uids", "status"]):
@@ -171,6 +175,15 @@ class CommandTarget(FileBacked):
                     continue
                 if proc.info["uids"].real == uid and proc.info["cmdline"] == list(self.spec.start):
                     found += [proc, *proc.children(recursive=True)]
+        if found or self.production_port is None:
+            return found
+        with contextlib.suppress(psutil.Error):
+            for conn in psutil.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.production_port \
+                        and conn.pid is not None:
+                    proc = psutil.Process(conn.pid)
+                    if proc.uids().real == uid:
+                        return [proc, *proc.children(recursive=True)]
         return found
 
     def failure(self) -> str | None:

@@ -30,7 +30,7 @@ from autotuner.trials.scoring import threshold_of
 from autotuner.tuner import pruning
 from autotuner.tuner.lifecycle import measure
 from autotuner.vllm import FlagValue, flag_argv
-from autotuner.workload.spec import LengthDist
+from autotuner.workload.spec import LengthDist, replay_first
 
 
 class TrialRunner(ABC):
@@ -122,8 +122,11 @@ class VirtualRunner(TrialRunner):
             a = w.arrivals
             burst = (a.burst_size, a.burst_interval_s) \
                 if a.kind == "burst" and a.burst_size and a.burst_interval_s is not None else None
+            # The lengths that must be replayed (a production crash's step) come first, each once.
+            count = max(r.count, len(r.include_prompt_tokens))
             self._requests_cache[vocab_size] = synthetic_requests(
-                (w.max_requests and min(w.max_requests, r.count)) or r.count, prompt.sample, output.sample,
+                (w.max_requests and min(w.max_requests, count)) or count,
+                replay_first(r.include_prompt_tokens, prompt.sample), output.sample,
                 seed=w.seed, vocab_size=vocab_size, rate=a.rate if a.kind == "poisson" else None, burst=burst,
                 shared_prefix_tokens=r.shared_prefix_tokens, shared_prefix_fraction=r.shared_prefix_fraction,
                 ignore_eos=w.ignore_eos)
