@@ -42,19 +42,20 @@ def _read(module: object) -> tuple[GpuInfo, ...]:
 
 
 def gpu_used_bytes(kind: InventoryKind = "auto") -> tuple[tuple[GpuInfo, int], ...]:
-    """Each GPU with the bytes in use on it now (every process's, ours included); () where no NVML."""
+    """Each GPU with the bytes in use on it now (every process's, ours included); () where no NVML. The
+    same fallbacks as `gpu_inventory`."""
     loader = nvml_loader(kind)
-    module: object | None = None
     if loader is not None:
-        module = loader()
-    else:
+        return _read_used(loader())
+    with contextlib.suppress(NvmlUnavailableError):
+        return _read_used(_real_pynvml())
+    if os.environ.get(STATE_DIR_ENV):
         with contextlib.suppress(NvmlUnavailableError):
-            module = _real_pynvml()
-        if module is None and os.environ.get(STATE_DIR_ENV):
-            with contextlib.suppress(NvmlUnavailableError):
-                module = _sim_pynvml()
-    if module is None:
-        return ()
+            return _read_used(_sim_pynvml())
+    return ()
+
+
+def _read_used(module: object) -> tuple[tuple[GpuInfo, int], ...]:
     monitor = NvmlMonitor(module, None)  # type: ignore[arg-type]
     try:
         devices, used = monitor.devices(), monitor.sample()
