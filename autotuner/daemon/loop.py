@@ -359,8 +359,9 @@ class Daemon:
         return out
 
     def check_hand_edit(self) -> None:
-        """The live file differs from what the daemon last put live: a person edited it. Production serving
-        on it makes it known-good (adopted); otherwise it is reported as a conflict."""
+        """The live file differs from what the daemon last put live: a person edited it. Adopted as the live
+        config (the daemon's rollbacks start from it); it joins the known-good chain only once production
+        has verified on it, which a restart by the daemon does."""
         rt = self.runtime.get()
         try:
             live = self.target.current()
@@ -370,8 +371,8 @@ class Daemon:
         if rt.live_flags is None or live is None or live == rt.live_flags:
             return
         self.states.note("hand-edit", {"before": rt.live_flags, "after": live,
-                                       "action": "adopted: production serves and the file is its config"})
-        self.chain.record(live, self.box(), "adopted-edit")
+                                       "action": "adopted as the live config; known-good once production verified "
+                                                 "on it"})
         self.runtime.set(live_flags=live)
 
     async def keep_serving(self, snap: ProductionSnapshot, fired: list[Trigger]) -> None:

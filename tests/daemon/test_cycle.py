@@ -143,6 +143,11 @@ def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -
     os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its children, as systemd's KillMode=control-group
     daemon.wait(timeout=10)
     assert _rows(d.root, cycles)[0]["state"] in ("deploy", "verify")
+    # `daemon status` tells the truth about a killed daemon: not running, its cycle interrupted.
+    out = subprocess.run([sys.executable, "-m", "autotuner", "daemon", "status", str(d.root / "daemon.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "daemon: NOT running" in out.stdout and "interrupted: the daemon is not running" in out.stdout, out.stdout
 
     d.start_daemon()
     status = d.wait_cycle_done()
@@ -158,6 +163,12 @@ def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -
     procs = d.production_processes()
     assert len(procs) == 1, [p.cmdline() for p in procs]
     assert status["state"] == "idle"
+    # A person edits the live file (and production serves on it): the daemon notices, adopts and says so.
+    edited = {**live, "max-num-batched-tokens": 512}
+    d.config_file.write_text(yaml.safe_dump(edited))
+    note = wait_for(lambda: [e for e in _rows(d.root, events) if e["kind"] == "hand-edit"], 20, "the hand edit")
+    assert json.loads(note[0]["detail"])["after"] == edited
+    assert d.status()["production"]["live_config"]["flags"] == edited
     assert d.stop_daemon() == 0
 
 
@@ -239,9 +250,25 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
 
     cycle = _rows(d.root, cycles)[0]
     assert cycle["trigger_kind"] == "production-oom", cycle
-    assert "CUDA out of memory" in " ".join(json.loads(cycle["evidence"])["lines"])
-    prompts = json.loads(cycle["scenario"])["changes"]["workload.requests.prompt_tokens"]
+    evidence = json.loads(cycle["evidence"])
+    assert "CUDA out of memory" in " ".join(evidence["lines"])
+    # The step that crashed, from the scheduler dump the engine logged before dying: the burst's prompts.
+    crash = evidence["crash_prompts"]
+    assert crash and all(1850 <= n <= 1900 for n in crash), crash
+    changes = json.loads(cycle["scenario"])["changes"]
+    prompts = changes["workload.requests.prompt_tokens"]
     assert prompts["high"] >= 1900, prompts  # tuned for the lengths production saw, not the scenario's 600
+    assert sorted(changes["workload.requests.include_prompt_tokens"]) == sorted(crash)  # replayed in trials and soak
+    # Production did not wait for the cycle: an emergency mitigation put it back at once with a smaller
+    # token budget, and the config that OOMed is refused, never the rollback target (`.previous` included).
+    kinds = [e["kind"] for e in _rows(d.root, events)]
+    assert kinds.index("mitigation") < kinds.index("transition")
+    mitigation = json.loads(next(e for e in _rows(d.root, events) if e["kind"] == "mitigation")["detail"])
+    assert mitigation["mitigation"]["max-num-batched-tokens"] < initial["max-num-batched-tokens"], mitigation
+    assert json.loads(cycle["previous_flags"]) == mitigation["mitigation"]
+    assert status["refused"][0]["kind"] == "oom" and status["refused"][0]["flags"] == initial
+    previous = d.root / "config.yaml.previous"
+    assert not previous.exists() or yaml.safe_load(previous.read_text()) != initial
     assert cycle["outcome"] == "deployed", cycle
     assert d.live_config() == d.running_config() == json.loads(cycle["candidate_flags"])
     # The new config survives the workload that killed the old one.
