@@ -83,7 +83,7 @@ def fit_to_free(flags: dict[str, Any], free: FreeMemory | None) -> tuple[dict[st
     if free is None or free.total_bytes <= 0:
         return flags, None
     util = float(flags.get(UTILIZATION, defaults.GPU_MEMORY_UTILIZATION))
-    room = math.floor((free.fraction - FIT_MARGIN) * 100) / 100
+    room = math.floor(round((free.fraction - FIT_MARGIN) * 100, 6)) / 100  # round: 0.89 * 100 is 88.999…
     if util <= room:
         return flags, None
     if room < MIN_FITTED_UTILIZATION:

@@ -25,6 +25,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from autotuner.errors import UserInputError
@@ -115,13 +116,12 @@ class FileSpec(_Target):
     start: Argv | None = Field(None, description="brings production up on the config file and returns")
     timeout_s: float = Field(900.0, gt=0, le=7200, description="for the stop and start commands")
 
-    @field_validator("start")
-    @classmethod
-    def _pair(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if (value is None) != (info.data.get("stop") is None):
+    @model_validator(mode="after")
+    def _pair(self) -> FileSpec:
+        if (self.start is None) != (self.stop is None):
             raise ValueError("give both stop and start, or neither (the daemon that takes production down "
                              "must be able to bring it back)")
-        return value
+        return self
 
 
 class CommandSpec(_Target):
