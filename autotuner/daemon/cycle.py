@@ -127,6 +127,27 @@ def drain_plan(scenario: Scenario, config: Any, target: DeployTarget) -> tuple[b
     return True, "the tune needs production's GPUs: production stops for it"
 
 
+# A GPU with less than this in use counts as idle (a desktop's Xorg, a stray context).
+IDLE_GPU_BYTES = 1 << 30
+
+
+def spare_gpus(scenario: Scenario, production_gpus: list[int] | None) -> list[int] | None:
+    """GPUs the tune may use beside production: idle ones outside `production.gpus`, as many as the
+    scenario's engine needs (TP × PP); None when production's GPUs are not named or too few are idle."""
+    from autotuner.watch.inventory import gpu_used_bytes
+
+    if production_gpus is None or scenario.engine.gpus:
+        return None
+    pp = scenario.engine.flags.get("pipeline-parallel-size", 1)
+    need = scenario.tensor_parallel_size() * (int(pp) if isinstance(pp, int | float) else 1)
+    try:
+        gpus = gpu_used_bytes()
+    except Exception:  # no NVML: nothing known to be idle
+        return None
+    idle = [g.index for g, used in gpus if g.index not in production_gpus and used < IDLE_GPU_BYTES]
+    return idle[:need] if len(idle) >= need else None
+
+
 class CycleDriver:
     """Runs a cycle from whatever state it is in to DONE, or until it is parked (waiting for the window or a
     person's approval): the daemon's loop polls production meanwhile and drives it again."""
@@ -181,6 +202,12 @@ class CycleDriver:
         if self.stopping.is_set():
             return self._stopping(cycle)
         drain, why = drain_plan(scenario, self.config, self.target)
+        spare = await asyncio.to_thread(spare_gpus, scenario, self.config.production.gpus) if drain else None
+        if spare:
+            # Enough idle GPUs beside production's: the tune runs there and production keeps serving.
+            changes = {**changes, "engine.gpus": spare}
+            scenario = apply_changes(self.base, changes)
+            drain, why = drain_plan(scenario, self.config, self.target)
         if drain and not self.target.can_take_down:
             return self.states.transition(cycle, DONE, {"reason": why}, outcome=SKIPPED,
                                           reason=f"{why}: add deploy.stop and deploy.start, or give the scenario "

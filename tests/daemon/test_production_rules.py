@@ -114,3 +114,23 @@ def test_a_file_target_without_stop_start_never_drains(tmp_path: Path) -> None:
         _loaded(tmp_path, deploy={"kind": "file", "config_path": str(tmp_path / "config.yaml"), "stop": ["true"]})
     with pytest.raises(DaemonConfigError, match="max_downtime"):
         _loaded(tmp_path, max_downtime="0s")
+
+
+def test_a_tune_uses_idle_gpus_beside_production_instead_of_a_drain(tmp_path: Path, monkeypatch) -> None:
+    from autotuner.daemon.cycle import spare_gpus
+    from autotuner.sim.gpu_state import GpuHost, make_gpus
+
+    state = tmp_path / "gpus"
+    monkeypatch.setenv("AUTOTUNER_SIM_STATE_DIR", str(state))
+    GpuHost(state).ensure_inventory(make_gpus(state, "NVIDIA GeForce RTX 3090", 24 * GIB, 8))
+    loaded = _loaded(tmp_path, production={"endpoint": "http://127.0.0.1:1", "gpus": [0, 1, 2, 3]})
+    engine = loaded.scenario.engine
+    tp2 = loaded.scenario.model_copy(update={"engine": engine.model_copy(update={
+        "kind": "sim", "flags": {**engine.flags, "tensor-parallel-size": 2}})})
+    assert spare_gpus(tp2, [0, 1, 2, 3]) == [4, 5]
+    assert spare_gpus(tp2, None) is None  # production's GPUs not named: nothing is known to be spare
+    tp8 = tp2.model_copy(update={"engine": tp2.engine.model_copy(update={
+        "flags": {**engine.flags, "tensor-parallel-size": 8}})})
+    assert spare_gpus(tp8, [0, 1, 2, 3]) is None  # needs more than the 4 idle ones
+    with_gpus = tp2.model_copy(update={"engine": tp2.engine.model_copy(update={"gpus": [6, 7]})})
+    assert drain_plan(with_gpus, loaded.config, make_target(loaded.config.deploy))[0] is False
