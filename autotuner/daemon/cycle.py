@@ -45,6 +45,7 @@ from autotuner.daemon.state import (
     ROLLBACK,
     ROLLED_BACK,
     SKIPPED,
+    STOP_REASON,
     TUNE,
     VERIFY,
     WINDOW,
@@ -72,7 +73,7 @@ class Interrupt:
 
     @property
     def reason(self) -> str:
-        return "the maintenance window closed" if self.window_closed else "the daemon was asked to stop"
+        return "the maintenance window closed" if self.window_closed else STOP_REASON
 
 
 def flags_equal(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -189,7 +190,7 @@ class CycleDriver:
         return self.states.transition(cycle, ROLLBACK, {"reason": reason}, reason=reason)
 
     def _stopping(self, cycle: Cycle) -> Cycle:
-        return self.states.transition(cycle, DONE, {"reason": "the daemon was asked to stop"}, outcome=SKIPPED)
+        return self.states.transition(cycle, DONE, {"reason": STOP_REASON}, outcome=SKIPPED, reason=STOP_REASON)
 
     # --- steps -------------------------------------------------------------------------------------
     async def _detect(self, cycle: Cycle) -> Cycle:

@@ -168,6 +168,7 @@ class Daemon:
                          stopped_at=None)
         log.info("daemon.started", config=str(self.config_path), deployment=self.states.deployment,
                  listen=f"{listen.host}:{self.port}", storage=self.store.url, pid=pid, once=once)
+        self.warn_if_cycles_cannot_complete()
         health = asyncio.ensure_future(self.watch_health())
         try:
             cycle = self.states.open_cycle()
@@ -193,6 +194,18 @@ class Daemon:
             await server.stop()
             log.info("daemon.stopped", deployment=self.states.deployment)
         return 0
+
+    def warn_if_cycles_cannot_complete(self) -> None:
+        """Said once at start, not found out at the first trigger (the same check as `daemon plan`)."""
+        from autotuner.daemon.plan import plan_cycle
+
+        try:
+            plan = plan_cycle(self.config_path, probe_production=False)
+        except Exception as exc:  # the plan is advice: never a reason not to keep production serving
+            log.warning("daemon.plan_failed", error=str(exc))
+            return
+        if not plan.can_complete:
+            log.warning("daemon.cycles_cannot_complete", problems=plan.problems)
 
     async def run_once(self) -> None:
         """One poll; the cycle it starts (or a manual one when nothing fired) is driven to its end or park."""

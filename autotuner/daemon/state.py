@@ -53,6 +53,8 @@ FAILED = "failed"
 # A proposal a person rejected; a proposal written to a file target that cannot restart production.
 REJECTED_OUTCOME, WRITTEN = "rejected", "written"
 OUTCOMES = (DEPLOYED, ROLLED_BACK, RESTORED, SKIPPED, FAILED, REJECTED_OUTCOME, WRITTEN)
+# Why a cycle was skipped when the daemon stopped (not a failure of the cycle).
+STOP_REASON = "the daemon was asked to stop"
 # Outcomes that count as a failed cycle for the backoff before the next one.
 FAILED_OUTCOMES = (ROLLED_BACK, RESTORED, FAILED)
 
@@ -283,9 +285,11 @@ class CycleStore:
         """Cycles that ended failed, newest first, until one that did not (skipped ones do not break it)."""
         n = 0
         for c in self.cycles(limit=20):
-            if c.state != DONE or c.outcome == SKIPPED:
+            if c.state != DONE or STOP_REASON in (c.reason or ""):  # stopped by a person: not the cycle's failure
                 continue
-            if c.outcome not in FAILED_OUTCOMES:
+            # A cycle skipped because it cannot tune (a target that cannot take production down) fails again
+            # at once: it backs off like a failed one instead of coming back every min_interval_s.
+            if c.outcome not in FAILED_OUTCOMES and c.outcome != SKIPPED:
                 break
             n += 1
         return n
