@@ -52,6 +52,7 @@ log = structlog.get_logger("autotuner.daemon")
 MANUAL = "manual"  # the trigger of `daemon run --once` when nothing else fired
 HEALTH_INTERVAL_S = 1.0
 HEARTBEAT_S = 5.0
+DOWN_GRACE_S = 3.0
 PARKED = (WINDOW, PROPOSED)
 
 
@@ -67,6 +68,7 @@ class Daemon:
         self.last_snapshot: ProductionSnapshot | None = None
         self.noted: set[str] = set()  # trigger kinds already written since the last cycle (a due one fires each poll)
         self.active: Cycle | None = None  # the cycle being driven right now (not parked)
+        self.down_seen_at: float | None = None  # production unreachable and its target says not running, since
 
     def _load(self, loaded: LoadedConfig) -> None:
         self.loaded = loaded
@@ -392,10 +394,17 @@ class Daemon:
         """Production down: bring it back now, whatever the window says (an OOM: on a config with more
         headroom). A failed bring-up is retried with backoff at later polls."""
         if snap.reachable:
+            self.down_seen_at = None
             return
+        now = time.time()
         crash = next((t for t in fired if t.kind in (OOM, CRASH)), None)
         target_down = await asyncio.to_thread(self.target.is_up) is False
-        retry_due = self.runtime.get().alarm is not None and time.time() >= self.keeper.next_try_at
+        if target_down and self.down_seen_at is None:
+            self.down_seen_at = now
+        # A person's restart (stop, then start) is over within seconds: only a service still down after
+        # DOWN_GRACE_S is ours to start, so that the two starts do not race.
+        target_down = target_down and self.down_seen_at is not None and now - self.down_seen_at >= DOWN_GRACE_S
+        retry_due = self.runtime.get().alarm is not None and now >= self.keeper.next_try_at
         if crash is None and not target_down and not retry_due:
             return  # maybe a restart by a person: the crash trigger fires after the grace
         if self.keeper.next_try_at and time.time() < self.keeper.next_try_at:
