@@ -42,6 +42,42 @@ def length_quantile(settings: LengthSettings, q: float) -> float:
     return raw if settings.max is None else min(raw, float(settings.max))
 
 
+def length_cdf(settings: LengthSettings, x: float) -> float:
+    """P(length ≤ x) of a scenario length distribution (after its min/max clamp)."""
+    if x < settings.min:
+        return 0.0
+    if settings.max is not None and x >= settings.max:
+        return 1.0
+    if settings.kind == "fixed":
+        return 1.0 if x >= float(settings.value or 1) else 0.0
+    if settings.kind == "uniform":
+        low, high = float(settings.low or 1), float(settings.high or 1)
+        return 1.0 if x >= high else 0.0 if x < low or high == low else (x - low) / (high - low)
+    if settings.kind == "normal":
+        sd = float(settings.stddev or 0)
+        mean = float(settings.mean or 1)
+        return (1.0 if x >= mean else 0.0) if sd == 0 else NormalDist(mean, sd).cdf(x)
+    sigma, median = float(settings.sigma or 0), float(settings.median or 1)
+    if x <= 0:
+        return 0.0
+    return (1.0 if x >= median else 0.0) if sigma == 0 else NormalDist().cdf(math.log(x / median) / sigma)
+
+
+def bucketed_quantile(settings: LengthSettings, like: LengthHistogram, q: float, upper: int | None) -> float:
+    """The q-quantile the scenario's distribution would read as through `like`'s buckets: production's p95
+    is interpolated inside a bucket (500-1000 tokens wide up there), so the scenario's must be too, or a
+    workload that has not moved reads as drift."""
+    n = 1_000_000.0
+    buckets = tuple((le, n if math.isinf(le) else n * length_cdf(settings, le)) for le, _ in like.buckets)
+    value = LengthHistogram(buckets, n, 0.0).quantile(q, upper=upper)
+    return value if value is not None else length_quantile(settings, q)
+
+
+def _bucket(hist: LengthHistogram, value: float) -> int:
+    """The index of the bucket `value` falls in."""
+    return next((i for i, (le, _) in enumerate(hist.buckets) if value <= le), len(hist.buckets))
+
+
 def prompt_drift(scenario: Scenario, window: LengthHistogram, *, min_requests: int = MIN_REQUESTS,
                  max_model_len: int | None = None) -> Drift | None:
     """p95 prompt length in production's window against the scenario's. None when the window holds fewer
@@ -52,9 +88,15 @@ def prompt_drift(scenario: Scenario, window: LengthHistogram, *, min_requests: i
     requests = scenario.workload.requests
     if requests.kind != "synthetic" or window.count < max(1, min_requests):
         return None
-    production = window.quantile(0.95, upper=max_model_len or context_of(scenario))
+    upper = max_model_len or context_of(scenario)
+    production = window.quantile(0.95, upper=upper)
     if production is None:
         return None
     expected = length_quantile(requests.prompt_tokens, 0.95)
+    if _bucket(window, production) <= _bucket(window, expected):
+        # Both p95s in one bucket: the histogram cannot tell them apart, and interpolating production's
+        # inside a 500-1000-token bucket against the scenario's exact value reads drift where there is none.
+        # Compare like with like: the scenario's p95 as the same buckets would read it.
+        expected = bucketed_quantile(requests.prompt_tokens, window, 0.95, upper)
     return Drift(p95_scenario=expected, p95_production=production, ratio=production / expected,
                  requests=int(window.count))

@@ -115,14 +115,15 @@ def test_drift_over_the_sliding_window_and_the_schedule() -> None:
     ref = identity(snap(), GPUS)
     start = hist([0, 10, 10, 10, 0, 0])
     assert watch.observe(snap(prompt_tokens=start), GPUS, ref, SC, None, now=0.0) == []
-    # 30 more requests, all 2000-5000 tokens: p95 ≈ 4850 against the scenario's 2875.
-    later = hist([0, 10, 10, 10, 30, 0])
-    fired = watch.observe(snap(prompt_tokens=later), GPUS, ref, SC, None, now=50.0)
+    # 30 more requests, all above 5000 tokens on an 8192 context: p95 ≈ 8000 against the scenario's 2875.
+    later = hist([0, 10, 10, 10, 0, 30])
+    fired = watch.observe(snap(prompt_tokens=later, max_model_len=8192), GPUS, ref, SC, None, now=50.0)
     assert kinds(fired) == [DRIFT]
     assert fired[0].evidence["requests"] == 30 and fired[0].evidence["ratio"] > 1.25
-    # The window carries the lengths the re-tune uses: from its median to its longest.
+    # The window carries the lengths the re-tune uses: from its median to its longest, cut to what the
+    # scenario's 4096 context holds beside its 32 output tokens and the margin.
     assert tune_changes(SC, DRIFT, fired[0].evidence) == {
-        "workload.requests.prompt_tokens": {"kind": "uniform", "low": 3500, "high": 4048}}
+        "workload.requests.prompt_tokens": {"kind": "uniform", "low": 4048, "high": 4048}}
     # After a swap, every later cycle tunes the model production serves, not the scenario's.
     assert tune_changes(SC, SCHEDULE, {}, {"root": "mistral-7b"}) == {"engine.model": "mistral-7b"}
     assert tune_changes(SC, SCHEDULE, {}, {"root": "llama-2-7b"}) == {}
