@@ -185,6 +185,10 @@ class CycleDriver:
     def fingerprint(self, cycle: Cycle) -> str:
         return refusal_fingerprint(cycle.observed, self.scenario_of(cycle))
 
+    def fingerprints(self, cycle: Cycle) -> tuple[str, str]:
+        """What a refusal is looked up under: this box and workload, and this box whatever the workload."""
+        return self.fingerprint(cycle), box_fingerprint(cycle.observed)
+
     def _fail(self, cycle: Cycle, reason: str) -> Cycle:
         log.warning("daemon.cycle_failed", cycle=cycle.id, state=cycle.state, reason=reason)
         return self.states.transition(cycle, ROLLBACK, {"reason": reason}, reason=reason)
@@ -296,8 +300,8 @@ class CycleDriver:
         return min(given) if given else None
 
     async def _watch_window(self, tuner: Any, interrupt: Interrupt) -> None:
-        window = self.config.schedule_window
         while True:
+            window = self.config.schedule_window  # read each time: a SIGHUP may change it mid-tune
             if self.stopping.is_set():
                 tuner.request_stop()
                 return
@@ -358,7 +362,7 @@ class CycleDriver:
             return self._fail(cycle, f"trial {selection.chosen.trial_number} is not verified: "
                               + "; ".join(selection.missing))
         flags = deploy_flags(selection, scenario)
-        refused = self.ctx.refusals.refused(self.fingerprint(cycle), flags)
+        refused = self.ctx.refusals.refused(self.fingerprints(cycle), flags)
         if refused is not None:
             return self._fail(cycle, f"the winner was refused by production before ({refused.kind}, {refused.count}×: "
                               f"{refused.reason[:200]}); not deployed again")
@@ -414,7 +418,8 @@ class CycleDriver:
         self.states.update(cycle, down_since=cycle.down_since or time.time())
         problem = await self.ctx.keeper.start_on(dict(cycle.candidate_flags))
         if problem is not None:
-            self.ctx.refusals.record(self.fingerprint(cycle), cycle.candidate_flags, START, problem, cycle.id)
+            # A failed start is the box's answer, whatever workload the next cycle tunes for.
+            self.ctx.refusals.record(box_fingerprint(cycle.observed), cycle.candidate_flags, START, problem, cycle.id)
             return self._fail(cycle, f"deploy failed: {problem}")
         return self.states.transition(cycle, VERIFY)
 

@@ -112,7 +112,7 @@ class Keeper:
     def __init__(self, *, target: DeployTarget, endpoint: str, states: CycleStore, chain: KnownGoodChain,
                  refusals: Refusals, runtime: RuntimeStore, startup_timeout_s: float,
                  free_memory: Callable[[], FreeMemory | None], notify: Callable[[str, str, dict[str, Any]], None],
-                 box: Callable[[], str], fingerprint: Callable[[], str]) -> None:
+                 box: Callable[[], str], fingerprint: Callable[[], tuple[str, ...]]) -> None:
         self.target = target
         self.endpoint = endpoint.rstrip("/")
         self.states = states
@@ -194,6 +194,13 @@ class Keeper:
             self._down(why, result, cycle_id)
             return result
         result = BringUp(False)
+        # A production that answers but does not serve (its engine died, the API server lives on) still
+        # holds its GPU memory: stop it before reading what is free.
+        if await asyncio.to_thread(self.target.is_up) is not False:
+            try:
+                await asyncio.to_thread(self.target.stop)
+            except DeployError as exc:
+                result.tried.append(f"could not stop the failed production: {exc}")
         for source, flags in self._candidates(first, exclude or []):
             try:
                 start_flags, fitted = fit_to_free(flags, await asyncio.to_thread(self.free_memory))
@@ -242,6 +249,13 @@ class Keeper:
         self.states.note("production-down", {"why": why, "tried": result.tried, "retry_in_s": wait}, cycle_id)
         log.error("daemon.production_down", why=why, tried=result.tried, retry_in_s=wait)
         self.notify("production-down", alarm, {"why": why, "tried": result.tried, "retry_in_s": wait})
+
+    def restore_flags(self, live: dict[str, Any] | None) -> dict[str, Any] | None:
+        """What to start production on when it is down: its live config, unless production refused that one
+        (it OOMed): then the mitigation of it, else None (the known-good chain decides)."""
+        if live is None or self.refusals.refused(self.fingerprint(), live) is None:
+            return live
+        return self.mitigation(live, None)[0]
 
     # --- emergencies -----------------------------------------------------------------------------------
     def mitigation(self, crashed: dict[str, Any], crash_tokens: int | None) -> tuple[dict[str, Any] | None, str]:

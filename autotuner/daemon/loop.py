@@ -69,6 +69,8 @@ class Daemon:
         self.noted: set[str] = set()  # trigger kinds already written since the last cycle (a due one fires each poll)
         self.active: Cycle | None = None  # the cycle being driven right now (not parked)
         self.down_seen_at: float | None = None  # production unreachable and its target says not running, since
+        self.restoring: asyncio.Future[Any] | None = None  # a restore the health task started during a cycle
+        self.hup_applied = False  # a SIGHUP's config already handed to the cycle in flight
 
     def _load(self, loaded: LoadedConfig) -> None:
         self.loaded = loaded
@@ -106,8 +108,10 @@ class Daemon:
         except (UserInputError, ValueError):
             return self.loaded.scenario
 
-    def fingerprint(self) -> str:
-        return refusal_fingerprint(self.states.reference(), self.production_scenario())
+    def fingerprint(self) -> tuple[str, str]:
+        """What production's refusals are looked up under: its box and workload, and its box alone."""
+        ref = self.states.reference()
+        return refusal_fingerprint(ref, self.production_scenario()), box_fingerprint(ref)
 
     def free_memory(self) -> FreeMemory | None:
         """The smallest free memory over production's GPUs (all of the box's unless production.gpus says)."""
@@ -228,6 +232,7 @@ class Daemon:
     def reload(self) -> None:
         """SIGHUP: read the config again; a bad file keeps the running config."""
         self.reload_requested = False
+        self.hup_applied = False
         try:
             loaded = load_config(self.config_path)
         except UserInputError as exc:
@@ -261,6 +266,10 @@ class Daemon:
                     if not up and not planned and up_state is not None:
                         self.notify("production-down", "production stopped answering /health", {})
                     up_state = up
+                if self.reload_requested and self.driver is not None:
+                    self._reload_into_cycle()
+                if not up and self.active is not None and not self._planned():
+                    self._restore_during_cycle(now)
                 if now - last_beat >= HEARTBEAT_S:
                     self.runtime.set(heartbeat_at=now)
                     last_beat = now
@@ -270,6 +279,36 @@ class Daemon:
             except Exception as exc:  # the database busy, a resource error: try again next tick
                 log.warning("daemon.health_failed", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(interval)
+
+    def _reload_into_cycle(self) -> None:
+        """SIGHUP during a cycle: its window, max_downtime and budgets apply to the cycle in flight at once
+        (a window closed by the operator stops the tune); the rest (target, storage) after the cycle."""
+        if self.hup_applied:
+            return
+        self.hup_applied = True
+        try:
+            loaded = load_config(self.config_path)
+        except UserInputError as exc:
+            log.error("daemon.reload_failed", error=str(exc))
+            self.reload_requested = False
+            return
+        if self.driver is not None:
+            self.driver.config = loaded.config
+            log.info("daemon.reloaded_into_cycle", config=str(self.config_path), window=loaded.config.window)
+
+    def _restore_during_cycle(self, now: float) -> None:
+        """Production died while a cycle that needs it serving runs (a virtual-time tune, a wait for the
+        window): the poll loop is inside the cycle, so the health task starts the restore. The OOM lines stay
+        unread for the poll after the cycle (its refusal and re-tune); production comes back now."""
+        if self.down_seen_at is None:
+            self.down_seen_at = now
+        if now - self.down_seen_at < DOWN_GRACE_S or (self.restoring is not None and not self.restoring.done()):
+            return
+        if now < self.keeper.next_try_at:
+            return
+        live = self.target.current()
+        self.restoring = asyncio.ensure_future(self.keeper.bring_up(
+            "production down during a cycle", first=self.keeper.restore_flags(live)))
 
     def _planned(self) -> bool:
         cycle = self.active
@@ -393,7 +432,7 @@ class Daemon:
     async def keep_serving(self, snap: ProductionSnapshot, fired: list[Trigger]) -> None:
         """Production down: bring it back now, whatever the window says (an OOM: on a config with more
         headroom). A failed bring-up is retried with backoff at later polls."""
-        if snap.reachable:
+        if snap.reachable and await self.keeper.healthy():
             self.down_seen_at = None
             return
         now = time.time()
@@ -413,7 +452,9 @@ class Daemon:
         if crash is not None and crash.kind == OOM and live is not None:
             await self.mitigate(live, crash)
             return
-        await self.keeper.bring_up(f"production down ({crash.kind if crash else 'not running'})", first=live)
+        first = self.keeper.restore_flags(live)
+        await self.keeper.bring_up(f"production down ({crash.kind if crash else 'not running'})", first=first,
+                                   exclude=[live] if live is not None and first != live else [])
 
     async def mitigate(self, crashed: dict[str, Any], trigger: Trigger) -> None:
         """An OOM in production: never again this config for this workload, and back up at once on one
@@ -422,7 +463,7 @@ class Daemon:
         prompts = [int(n) for n in evidence.get("crash_prompts") or [] if isinstance(n, int | float)]
         step = evidence.get("crash_step_tokens")
         crash_tokens = int(step) if isinstance(step, int | float) else (sum(prompts) if prompts else None)
-        self.refusals.record(self.fingerprint(), crashed, OOM_REFUSAL,
+        self.refusals.record(self.box(), crashed, OOM_REFUSAL,
                              "CUDA OOM in production: " + "; ".join(evidence.get("lines") or [])[:500])
         self.chain.forget(crashed, self.box())
         flags, why = self.keeper.mitigation(crashed, crash_tokens)
@@ -462,7 +503,8 @@ class Daemon:
         self.noted.clear()
         if cycle.outcome == DEPLOYED:  # else the trigger stands and fires again after the backoff
             await self.refresh_reference(cycle)
-        self.watch.forget()
+        restarted = cycle.candidate_flags is not None or bool((cycle.scenario or {}).get("drain"))
+        self.watch.forget(restarted=restarted)
 
     async def refresh_reference(self, cycle: Any) -> None:
         """After a cycle, production as it now runs is the yardstick (so a swap fires once, not forever)."""

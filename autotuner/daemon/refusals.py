@@ -1,6 +1,9 @@
 """What production refused, so that it is never offered again: a config that failed to start, failed
-verify or OOMed in production, or that a person rejected, recorded with its reason for one fingerprint
-(model, GPUs, engine version, workload). Repeated failed cycles back off exponentially (`backoff_s`).
+verify or OOMed in production, or that a person rejected, recorded with its reason for one fingerprint.
+A failed start or an OOM is the box's answer (model, GPUs, engine version: `box_fingerprint`), whatever the
+workload the next cycle tunes for; a failed verify or a rejection holds for one workload too
+(`refusal_fingerprint`). `refused(...)` takes both. Repeated failed cycles back off exponentially
+(`backoff_s`).
 """
 
 from __future__ import annotations
@@ -64,11 +67,13 @@ class Refusals:
                 conn.execute(refusals.update().where(refusals.c.id == row.id).values(
                     kind=kind, reason=reason[:2000], count=row.count + 1, cycle_id=cycle_id, last_at=now))
 
-    def refused(self, fingerprint: str, flags: dict[str, Any]) -> Refusal | None:
+    def refused(self, fingerprint: str | tuple[str, ...], flags: dict[str, Any]) -> Refusal | None:
+        """The refusal of `flags` under any of the fingerprints given (the box's, the box and workload's)."""
+        prints = (fingerprint,) if isinstance(fingerprint, str) else fingerprint
         with self.engine.connect() as conn:
             r = conn.execute(sa.select(refusals).where(
-                refusals.c.deployment == self.deployment, refusals.c.fingerprint == fingerprint,
-                refusals.c.flags_key == flags_key(flags))).first()
+                refusals.c.deployment == self.deployment, refusals.c.fingerprint.in_(prints),
+                refusals.c.flags_key == flags_key(flags)).order_by(refusals.c.last_at.desc())).first()
         return None if r is None else Refusal(dict(_load(r.flags) or {}), r.kind, r.reason, r.count, r.cycle_id,
                                               r.last_at)
 

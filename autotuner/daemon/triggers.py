@@ -116,14 +116,16 @@ class TriggerWatch:
         self.log_offset = size
         return text
 
-    def forget(self) -> None:
-        """After a cycle changed production: its past is another config's."""
+    def forget(self, restarted: bool = True) -> None:
+        """After a cycle changed production: its past is another config's. `restarted=False` (the cycle
+        never restarted production): what production logged meanwhile (an OOM) is still news."""
         self.history.clear()
         self.last = None
         self.kv_climb = 0
         self.down_since, self.down_fired = None, False
-        self.log_offset = self._log_size()
-        self.crashes.clear()
+        if restarted:
+            self.log_offset = self._log_size()
+            self.crashes.clear()
 
     def own_traffic(self, start_s: float, end_s: float) -> None:
         """The daemon sent production requests of its own (verify, a soak) from `start_s` to `end_s`
