@@ -131,7 +131,7 @@ class Daemon:
         runtime = {"pid": os.getpid(), "endpoint_port": self.port,
                    "last_poll_at": None if self.last_poll is None else datetime.fromtimestamp(self.last_poll)
                    .astimezone().isoformat(timespec="seconds"),
-                   "production": self.config.production.endpoint}
+                   "production_endpoint": self.config.production.endpoint}
         return status_document(self.states, self.config, runtime, target=self.target, runtime_store=self.runtime,
                                refusals=self.refusals, snapshot=self.last_snapshot)
 
