@@ -183,3 +183,150 @@ def test_a_rejected_proposal_ends_the_cycle_and_is_never_proposed_again(deployme
         assert "refused by production before (rejected" in second["reason"], second
         assert second["outcome"] == "restored"
     assert d.live_config() == INITIAL == d.running_config() and d.production_healthy()
+
+
+# --- 4. two triggers in one poll ---------------------------------------------------------------------
+
+def test_a_model_swap_and_a_due_schedule_in_the_same_poll_make_one_cycle_noting_both(deployment) -> None:
+    d = deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "6s"}},
+                           "min_interval_s": 3600})
+    d.start_daemon()
+    wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
+    assert d.stop_daemon() == 0
+    assert _rows(d.root, cycles) == [], "stopped before the schedule was due"
+    adopted = next(e["at"] for e in _rows(d.root, events) if e["kind"] == "adopted")
+    # While the daemon is down a person swaps the model, and the weekly (here: 6 s) schedule comes due.
+    d.swap_model("mistral-7b")
+    time.sleep(max(0.0, adopted + 6.5 - time.time()))
+    d.start_daemon()
+    status = d.wait_cycle_done()
+
+    [cycle] = _rows(d.root, cycles)
+    assert cycle["trigger_kind"] == "model-swap" and cycle["outcome"] == "deployed", cycle
+    triggers = [(json.loads(e["detail"])["kind"], json.loads(e["detail"])["action"], e["at"])
+                for e in _rows(d.root, events) if e["kind"] == "trigger"]
+    assert [(k, a) for k, a, _ in triggers[:2]] == [("model-swap", "cycle"), ("schedule", "with model-swap")], triggers
+    assert abs(triggers[0][2] - triggers[1][2]) < 0.5, "both seen in the same poll"
+    assert d.served_root() == "mistral-7b"
+    assert d.live_config() == d.running_config() == status["deployed"]["flags"]
+    time.sleep(2.5)  # the schedule is due again now, inside min_interval_s: noted at most, no second cycle
+    assert len(_rows(d.root, cycles)) == 1
+    assert d.stop_daemon() == 0
+
+
+# --- 5. a window that closes during confirm ----------------------------------------------------------
+
+def test_a_window_closing_during_confirm_keeps_production_on_its_config(deployment) -> None:
+    # The window opens once the cycle waits for it, and closes 7 s later. The tune is bounded by its timeout
+    # (3 s, then the trial in flight), so it ends inside the window whatever this machine's pace; the
+    # confirmation (2 candidates × 30 runs in virtual time, ~6 s here) runs past the window's end.
+    d = deployment(daemon={"min_interval_s": 3600,
+                           "triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}},
+                           "tune": {"trials": 500, "timeout": "3s", "confirm": "2x30", "soak": "20s"}})
+    opens = (datetime.now() + timedelta(seconds=5)).replace(microsecond=0)  # the window's text holds seconds
+    closes = opens + timedelta(seconds=7)
+    if closes.date() != datetime.now().date():
+        pytest.skip("too close to midnight for a same-day window")
+    config = yaml.safe_load((d.root / "daemon.yaml").read_text())
+    (d.root / "daemon.yaml").write_text(yaml.safe_dump({**config, "window": f"{opens:%H:%M:%S}-{closes:%H:%M:%S}"}))
+    pid = (d.root / "pid").read_text()
+    d.start_daemon()
+    status = d.wait_cycle_done(timeout=200)
+
+    [cycle] = _rows(d.root, cycles)
+    at = {(e["from_state"], e["to_state"]): e["at"] for e in _rows(d.root, events) if e["kind"] == "transition"}
+    assert ("window", "tune") in at and ("tune", "confirm") in at, at
+    # The premise: the tune began and ended inside the window, and the window closed during confirm.
+    assert at[("detect", "window")] < opens.timestamp() <= at[("window", "tune")] + 0.5, "it waited for the window"
+    assert at[("tune", "confirm")] < closes.timestamp(), "the tune ended inside the window"
+    assert cycle["ended_at"] >= closes.timestamp(), (cycle["ended_at"], closes.timestamp())
+    print(f"window story: tune {at[('tune', 'confirm')] - at[('window', 'tune')]:.1f} s, confirm until "
+          f"{cycle['ended_at'] - at[('tune', 'confirm')]:.1f} s later; window closed "
+          f"{closes.timestamp() - at[('tune', 'confirm')]:.1f} s into confirm")
+    assert cycle["outcome"] == "restored", cycle
+    assert "maintenance window closed before the rollout" in cycle["reason"], cycle["reason"]
+    assert not any(step[1] in ("deploy", "drain") for step in at), "nothing deployed, production never stopped"
+    # Production served its previous config throughout: the same process, the same file.
+    assert (d.root / "pid").read_text() == pid
+    assert d.live_config() == INITIAL == d.running_config()
+    assert d.production_healthy()
+    assert cycle["downtime_s"] == 0.0
+    assert status["state"] == "idle"
+    assert d.stop_daemon() == 0
+
+
+# --- 6. signals during deploy, verify and rollback ------------------------------------------------------
+
+def _scheduled(deployment: Any, **kwargs: Any) -> Deployment:
+    return deployment(daemon={"triggers": {"poll_interval_s": 1, "workload_drift": None,
+                                           "schedule": {"every": "2s"}}, "min_interval_s": 3600}, **kwargs)
+
+
+def _state_is(d: Deployment, state: str) -> bool:
+    return (d.status().get("cycle") or {}).get("state") == state
+
+
+def _one_consistent_config(d: Deployment, allowed: list[dict[str, Any]]) -> None:
+    live = d.live_config()
+    assert live in allowed, live
+    assert live == d.running_config(), "the file and what production was started with differ"
+    assert d.production_healthy()
+    procs = d.production_processes()
+    assert len(procs) == 1, [p.cmdline() for p in procs]
+
+
+def test_sigterm_during_deploy_finishes_the_rollout_then_exits_0(deployment) -> None:
+    d = _scheduled(deployment)
+    (d.root / "start_delay").write_text("3")  # a slow start: SIGTERM arrives inside it
+    daemon = d.start_daemon()
+    wait_for(lambda: _state_is(d, "deploy"), 120, "the cycle to reach deploy", interval=0.1)
+    time.sleep(1.0)
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=120) == 0, d.daemon_log()
+    [cycle] = _rows(d.root, cycles)
+    assert cycle["state"] == "done" and cycle["outcome"] == "deployed", cycle
+    assert ("deploy", "verify") in _path(d.root) and ("verify", "done") in _path(d.root)
+    _one_consistent_config(d, [json.loads(cycle["candidate_flags"])])
+
+
+def test_sigterm_during_verify_finishes_it_then_exits_0(deployment) -> None:
+    # Production at a tenth of the tests' usual pace: verifying it takes seconds, and SIGTERM lands inside.
+    d = _scheduled(deployment, sim_args=["--sim-gpu", "rtx-4090", "--sim-speedup", "5", "--sim-noise", "0"])
+    daemon = d.start_daemon()
+    wait_for(lambda: _state_is(d, "verify"), 120, "the cycle to reach verify", interval=0.05)
+    daemon.send_signal(signal.SIGTERM)
+    signalled = time.time()
+    assert daemon.wait(timeout=120) == 0, d.daemon_log()
+    [cycle] = _rows(d.root, cycles)
+    assert cycle["state"] == "done", cycle
+    ended = next(e["at"] for e in _rows(d.root, events) if e["from_state"] == "verify")
+    assert ended > signalled, "the signal came while verify ran"
+    assert cycle["outcome"] in ("deployed", "rolled-back"), cycle
+    candidate = json.loads(cycle["candidate_flags"])
+    _one_consistent_config(d, [candidate] if cycle["outcome"] == "deployed" else [INITIAL])
+
+
+def test_sigkill_during_rollback_is_resumed_and_production_ends_serving(deployment) -> None:
+    # Any config but the one production runs dies at start on this box (too little memory), and starts are
+    # slow: the daemon is killed while the rollback brings the previous config back.
+    d = _scheduled(deployment)
+    (d.root / "trusted.yaml").write_bytes(d.config_file.read_bytes())
+    (d.root / "break_args.json").write_text(json.dumps(["--gpu-memory-utilization", "0.3"]))
+    (d.root / "start_delay").write_text("3")
+    daemon = d.start_daemon()
+    wait_for(lambda: _state_is(d, "rollback"), 180, "the cycle to reach rollback", interval=0.1)
+    time.sleep(1.0)
+    os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its children, as systemd's KillMode=control-group
+    daemon.wait(timeout=10)
+    assert _rows(d.root, cycles)[0]["state"] == "rollback"
+
+    d.start_daemon()
+    status = d.wait_cycle_done()
+    [cycle] = _rows(d.root, cycles)
+    assert cycle["outcome"] == "rolled-back", cycle
+    assert any(e["kind"] == "resumed" and json.loads(e["detail"])["state"] == "rollback"
+               for e in _rows(d.root, events))
+    _one_consistent_config(d, [INITIAL])
+    assert status["refused"][0]["flags"] == json.loads(cycle["candidate_flags"])
+    assert status["state"] == "idle" and status["production"]["alarm"] is None
+    assert d.stop_daemon() == 0
