@@ -209,6 +209,11 @@ def test_a_model_swap_and_a_due_schedule_in_the_same_poll_make_one_cycle_noting_
     assert abs(triggers[0][2] - triggers[1][2]) < 0.5, "both seen in the same poll"
     assert d.served_root() == "mistral-7b"
     assert d.live_config() == d.running_config() == status["deployed"]["flags"]
+    # A virtual-time tune needs none of production's GPUs: no drain, and the only downtime production's own
+    # health saw is the restart onto the winner.
+    at = {(e["from_state"], e["to_state"]): e["at"] for e in _rows(d.root, events) if e["kind"] == "transition"}
+    assert not any("drain" in step for step in at), at
+    assert 0 < cycle["downtime_s"] <= at[("verify", "done")] - at[("confirm", "deploy")] + 1.5, cycle["downtime_s"]
     time.sleep(2.5)  # the schedule is due again now, inside min_interval_s: noted at most, no second cycle
     assert len(_rows(d.root, cycles)) == 1
     assert d.stop_daemon() == 0
@@ -275,6 +280,18 @@ def _one_consistent_config(d: Deployment, allowed: list[dict[str, Any]]) -> None
     assert len(procs) == 1, [p.cmdline() for p in procs]
 
 
+def _status_after_exit(d: Deployment, live: dict[str, Any]) -> None:
+    """What the operator sees next: the daemon stopped, production up on the live config, nothing in flight."""
+    out = daemon_cli(d, "status", str(d.root / "daemon.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert "daemon: NOT running" in out.stdout and "stopped " in out.stdout, out.stdout
+    assert "production: up since" in out.stdout, out.stdout
+    assert "in flight" not in out.stdout and "ALARM" not in out.stdout, out.stdout
+    prefix = f"  live config {d.config_file}: "
+    [line] = [x for x in out.stdout.splitlines() if x.startswith(prefix)]
+    assert set(line.removeprefix(prefix).split()) == {f"{k}={v}" for k, v in live.items()}, line
+
+
 def test_sigterm_during_deploy_finishes_the_rollout_then_exits_0(deployment) -> None:
     d = _scheduled(deployment)
     (d.root / "start_delay").write_text("3")  # a slow start: SIGTERM arrives inside it
@@ -287,6 +304,7 @@ def test_sigterm_during_deploy_finishes_the_rollout_then_exits_0(deployment) -> 
     assert cycle["state"] == "done" and cycle["outcome"] == "deployed", cycle
     assert ("deploy", "verify") in _path(d.root) and ("verify", "done") in _path(d.root)
     _one_consistent_config(d, [json.loads(cycle["candidate_flags"])])
+    _status_after_exit(d, json.loads(cycle["candidate_flags"]))
 
 
 def test_sigterm_during_verify_finishes_it_then_exits_0(deployment) -> None:
@@ -304,6 +322,7 @@ def test_sigterm_during_verify_finishes_it_then_exits_0(deployment) -> None:
     assert cycle["outcome"] in ("deployed", "rolled-back"), cycle
     candidate = json.loads(cycle["candidate_flags"])
     _one_consistent_config(d, [candidate] if cycle["outcome"] == "deployed" else [INITIAL])
+    _status_after_exit(d, d.live_config())
 
 
 def test_sigkill_during_rollback_is_resumed_and_production_ends_serving(deployment) -> None:
