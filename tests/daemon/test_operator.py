@@ -222,27 +222,29 @@ def test_a_model_swap_and_a_due_schedule_in_the_same_poll_make_one_cycle_noting_
 # --- 5. a window that closes during confirm ----------------------------------------------------------
 
 def test_a_window_closing_during_confirm_keeps_production_on_its_config(deployment) -> None:
-    # The window opens once the cycle waits for it, and closes 7 s later. The tune is bounded by its timeout
-    # (3 s, then the trial in flight), so it ends inside the window whatever this machine's pace; the
-    # confirmation (2 candidates × 30 runs in virtual time, ~6 s here) runs past the window's end.
-    d = deployment(daemon={"min_interval_s": 3600,
-                           "triggers": {"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}},
-                           "tune": {"trials": 500, "timeout": "3s", "confirm": "2x30", "soak": "20s"}})
-    opens = (datetime.now() + timedelta(seconds=5)).replace(microsecond=0)  # the window's text holds seconds
-    closes = opens + timedelta(seconds=7)
-    if closes.date() != datetime.now().date():
+    # SIGHUP brings a window that closes 10 s later and a schedule due at once. The tune is bounded by its
+    # timeout (2 s, then the trial in flight), so it ends inside the window whatever this machine's pace; the
+    # confirmation (2 candidates × 40 runs in virtual time, 8–20 s here) runs past the window's end.
+    d = deployment(daemon={"min_interval_s": 3600, "tune": {"trials": 500, "timeout": "2s", "confirm": "2x40",
+                                                            "soak": "20s"}})
+    pid = (d.root / "pid").read_text()
+    daemon = d.start_daemon()
+    wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
+    opens = datetime.now() - timedelta(minutes=1)
+    closes = (datetime.now() + timedelta(seconds=10)).replace(microsecond=0)  # the window's text holds seconds
+    if closes.date() != opens.date():
         pytest.skip("too close to midnight for a same-day window")
     config = yaml.safe_load((d.root / "daemon.yaml").read_text())
-    (d.root / "daemon.yaml").write_text(yaml.safe_dump({**config, "window": f"{opens:%H:%M:%S}-{closes:%H:%M:%S}"}))
-    pid = (d.root / "pid").read_text()
-    d.start_daemon()
+    config.update(window=f"{opens:%H:%M:%S}-{closes:%H:%M:%S}",
+                  triggers={"poll_interval_s": 1, "workload_drift": None, "schedule": {"every": "1s"}})
+    (d.root / "daemon.yaml").write_text(yaml.safe_dump(config))
+    daemon.send_signal(signal.SIGHUP)
     status = d.wait_cycle_done(timeout=200)
 
     [cycle] = _rows(d.root, cycles)
     at = {(e["from_state"], e["to_state"]): e["at"] for e in _rows(d.root, events) if e["kind"] == "transition"}
     assert ("window", "tune") in at and ("tune", "confirm") in at, at
     # The premise: the tune began and ended inside the window, and the window closed during confirm.
-    assert at[("detect", "window")] < opens.timestamp() <= at[("window", "tune")] + 0.5, "it waited for the window"
     assert at[("tune", "confirm")] < closes.timestamp(), "the tune ended inside the window"
     assert cycle["ended_at"] >= closes.timestamp(), (cycle["ended_at"], closes.timestamp())
     print(f"window story: tune {at[('tune', 'confirm')] - at[('window', 'tune')]:.1f} s, confirm until "
