@@ -81,7 +81,7 @@ def _decide(config: Path, cycle_id: int, verdict: str, who: str) -> None:
         if states.decision(cycle_id) is not None:
             raise UserInputError(f"cycle {cycle_id} was already decided: {states.decision(cycle_id)}")
         states.decide(cycle_id, verdict, who)
-    typer.echo(f"cycle {cycle_id}: {verdict}d; the daemon acts on it at its next poll")
+    typer.echo(f"cycle {cycle_id}: {verdict.rstrip('e')}ed; the daemon acts on it at its next poll")
 
 
 def daemon_approve(config: Path = typer.Argument(..., help="daemon config YAML"),

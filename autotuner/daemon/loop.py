@@ -181,7 +181,7 @@ class Daemon:
             if cycle is not None:
                 self.states.note("resumed", {"state": cycle.state}, cycle.id)
                 await self.drive(cycle)
-            if once:
+            if once and cycle is None:  # --once is one cycle: the resumed one (an approved proposal) is it
                 await self.run_once()
             while not once and not self.stopping.is_set():
                 if self.reload_requested:

@@ -192,3 +192,11 @@ def tear_down(d: Deployment) -> None:
     for p in d.production_processes():
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def daemon_cli(d: Deployment, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`autotuner daemon ARGS...` as an operator types it, the deployment's daemon.yaml appended to `run`,
+    `plan`, `status`, `approve` and `reject` by the caller (the argument order is the CLI's)."""
+    env = {**os.environ, "AUTOTUNER_DAEMON_TOKEN": TOKEN}
+    return subprocess.run([sys.executable, "-m", "autotuner", "daemon", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
