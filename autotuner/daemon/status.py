@@ -11,7 +11,7 @@ from typing import Any
 from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
-from autotuner.daemon.state import DEPLOYED, DONE, ROLLED_BACK, CycleStore
+from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, ROLLED_BACK, CycleStore
 
 
 def _when(ts: float | None) -> str | None:
@@ -23,7 +23,9 @@ def _cycle(c: Any) -> dict[str, Any] | None:
         return None
     return {"id": c.id, "state": c.state, "outcome": c.outcome, "reason": c.reason, "trigger": c.trigger_kind,
             "study": c.study_name, "warm_start": c.warm_start, "trials": c.trials,
-            "candidate_trial": c.candidate_trial, "downtime_s": round(c.downtime_s, 3),
+            "candidate_trial": c.candidate_trial, "candidate_flags": c.candidate_flags,
+            "certificate": (c.certificate or {}).get("lines", [])[:6] if c.state == PROPOSED else None,
+            "downtime_s": round(c.downtime_s, 3),
             "started_at": _when(c.started_at), "ended_at": _when(c.ended_at)}
 
 
@@ -56,7 +58,9 @@ def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str,
     # "Deployed" is what runs: the last deploy only while the live file still holds it.
     still_live = deployed is not None and (live.get("flags") is None or live.get("flags") == last_flags)
     state = current.state if current is not None else "idle"
-    if current is not None and alive is False:
+    if current is not None and current.state == PROPOSED:
+        state = f"{PROPOSED} (waiting for `autotuner daemon approve` or `reject` of cycle {current.id})"
+    elif current is not None and alive is False:
         state = f"{current.state} (interrupted: the daemon is not running; it resumes there at its next start)"
     doc: dict[str, Any] = {
         "deployment": states.deployment,
@@ -137,6 +141,12 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
     c = doc.get("cycle")
     if c:
         out.append(f"  cycle {c['id']} in flight: {c['state']} (trigger {c['trigger']}, since {c['started_at']})")
+        if c["state"] == PROPOSED:
+            flags = " ".join(f"{k}={v}" for k, v in (c.get("candidate_flags") or {}).items())
+            out.append(f"  proposed: trial {c['candidate_trial']}: {flags}")
+            out += [f"    {line}" for line in c.get("certificate") or []]
+            out.append(f"  decide: autotuner daemon approve CONFIG {c['id']}  (or: autotuner daemon reject CONFIG "
+                       f"{c['id']})")
     d = doc.get("deployed")
     ld = doc.get("last_deploy")
     if d:

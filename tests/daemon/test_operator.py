@@ -125,6 +125,11 @@ def test_manual_approval_parks_at_proposed_serving_the_old_config_then_deploys_o
     status = daemon_cli(d, "status", config)
     assert status.returncode == 0, status.stderr
     assert "cycle 1 in flight: proposed (trigger manual" in status.stdout, status.stdout
+    # What is proposed, with its certificate, and how to decide: an operator sees what they approve.
+    proposed = json.loads(cycle["candidate_flags"])
+    assert f"proposed: trial {cycle['candidate_trial']}: " + " ".join(f"{k}={v}" for k, v in proposed.items()) \
+        in status.stdout, status.stdout
+    assert "autotuner certificate" in status.stdout and "autotuner daemon approve CONFIG 1" in status.stdout
     doc = json.loads(daemon_cli(d, "status", config, "--json").stdout)
     assert doc["cycle"]["state"] == "proposed" and doc["cycle"]["candidate_trial"] == cycle["candidate_trial"]
     assert doc["daemon"]["running"] is False  # --once exited: status says so, not "in flight" by a live daemon
