@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from autotuner.deploy.base import DeployError, FileBacked, run_argv
+from autotuner.deploy.base import FileBacked, run_argv
 from autotuner.deploy.spec import FileSpec
 
 
@@ -25,16 +25,15 @@ class FileTarget(FileBacked):
             self.start()
 
     def stop(self) -> None:
-        if self.spec.stop is None:
-            raise DeployError("file target: no `stop` command, so production cannot be taken down; add deploy.stop "
-                              "and deploy.start (argv lists), or tune on GPUs production does not use")
-        run_argv(self.spec.stop, "stop", self.spec.timeout_s, hint="fix deploy.stop")
+        """Production is not ours to take down without a `stop` command (the daemon never asks then:
+        `can_take_down` is False)."""
+        if self.spec.stop is not None:
+            run_argv(self.spec.stop, "stop", self.spec.timeout_s, hint="fix deploy.stop")
 
     def start(self) -> None:
-        if self.spec.start is None:
-            raise DeployError("file target: no `start` command, so the daemon cannot start production; add "
-                              "deploy.start and deploy.stop (argv lists), or start it by hand")
-        run_argv(self.spec.start, "start", self.spec.timeout_s, hint="fix deploy.start")
+        """Production is not ours to start without a `start` command."""
+        if self.spec.start is not None:
+            run_argv(self.spec.start, "start", self.spec.timeout_s, hint="fix deploy.start")
 
     def is_up(self) -> bool | None:
         return None
