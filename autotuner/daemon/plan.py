@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotuner.daemon.config import load_config
-from autotuner.daemon.cycle import TUNE_SHARE, drain_plan
+from autotuner.daemon.cycle import TUNE_SHARE
+from autotuner.daemon.drain import drain_plan
 
 
 @dataclass

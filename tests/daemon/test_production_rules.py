@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from autotuner.daemon.config import DaemonConfigError, load_config
-from autotuner.daemon.cycle import CycleDriver, drain_plan
+from autotuner.daemon.cycle import CycleDriver
+from autotuner.daemon.drain import drain_plan
 from autotuner.daemon.keeper import FreeMemory, NotServingError, fit_to_free, mitigated
 from autotuner.daemon.known_good import KnownGoodChain
 from autotuner.daemon.refusals import Refusals, backoff_s
@@ -117,7 +118,7 @@ def test_a_file_target_without_stop_start_never_drains(tmp_path: Path) -> None:
 
 
 def test_a_tune_uses_idle_gpus_beside_production_instead_of_a_drain(tmp_path: Path, monkeypatch) -> None:
-    from autotuner.daemon.cycle import spare_gpus
+    from autotuner.daemon.drain import spare_gpus
     from autotuner.sim.gpu_state import GpuHost, make_gpus
 
     state = tmp_path / "gpus"
