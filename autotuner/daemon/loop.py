@@ -195,6 +195,12 @@ class Daemon:
             health.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await health
+            # The health task may have last seen production down (a deploy's restart just before the exit):
+            # what status reads after us is what production answers now.
+            with contextlib.suppress(Exception):
+                up = await self.keeper.healthy()
+                if up != self.runtime.get().production_up:
+                    self.runtime.set(production_up=up, production_since=time.time())
             self.runtime.set(stopped_at=time.time())
             await self.notifier.aclose(5.0)
             await server.stop()
