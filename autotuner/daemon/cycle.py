@@ -184,7 +184,13 @@ class CycleDriver:
                                                  "engine.gpus production does not use (production.gpus)")
         return self.states.transition(cycle, WINDOW, {"changes": changes, "drain": drain, "why": why},
                                       scenario={"changes": changes, "drain": drain, "drain_why": why},
-                                      previous_flags=self.target.current(), warm_start=self.states.last_study())
+                                      previous_flags=self._previous(), warm_start=self.states.last_study())
+
+    def _previous(self) -> dict[str, Any] | None:
+        """What a failed candidate rolls back to: the live config, unless production refused it (it OOMed and
+        the emergency mitigation has not yet replaced it on disk): then its mitigation."""
+        live = self.target.current()
+        return None if live is None else (self.ctx.keeper.restore_flags(dict(live)) or dict(live))
 
     def _drains(self, cycle: Cycle) -> bool:
         return bool((cycle.scenario or {}).get("drain", True))
