@@ -9,8 +9,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+# Within tools/constraints.txt: the versions CI last passed with, not whatever was released since.
+$(VENV)/.installed: pyproject.toml tools/constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c tools/constraints.txt -e '.[test]'
 	touch $@
 
 # The main job: tune the seed's long-prompt case on the simulated 8x RTX 3090 box, export the winner

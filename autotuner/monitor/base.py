@@ -33,6 +33,9 @@ class DeviceInfo:
     name: str
     uuid: str
     total_bytes: int
+    # Memory the whole box draws on (host RAM): other processes move it, so an engine's release cannot
+    # be read from it; the engine's own share is another device (its process tree).
+    shared: bool = False
 
 
 class MemoryMonitor(ABC):

@@ -39,7 +39,7 @@ class HostMonitor(MemoryMonitor):
         total = int(psutil.virtual_memory().total)
         self._devices = [
             DeviceInfo(TREE_INDEX, "engine process tree RSS", "host-process-tree", total),
-            DeviceInfo(HOST_INDEX, "host RAM used", "host-ram", total),
+            DeviceInfo(HOST_INDEX, "host RAM used", "host-ram", total, shared=True),
         ]
         self._root: psutil.Process | None = None
         self._procs: dict[int, psutil.Process] = {}

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from autotuner.monitor import NvmlMonitor, busy_devices, wait_for_release, wait_until
+from autotuner.monitor.base import DeviceInfo, MemoryMonitor
 from autotuner.sim.worker_pool import WorkerPool
 from tests.support.sim_gpus import GIB
 
@@ -77,3 +78,39 @@ def test_busy_devices_names_the_other_processes_on_each_gpu(
         2: [(stranger.pids[1], GIB)],
         5: [(stranger.pids[0], 2 * GIB)],
     }
+
+
+
+class _TwoDevices(MemoryMonitor):
+    """An engine tree that has let go, and a shared device that the rest of the box keeps growing."""
+
+    def __init__(self, shared: bool) -> None:
+        self.info = [DeviceInfo(0, "tree", "tree", 8 * GIB), DeviceInfo(1, "ram", "ram", 8 * GIB, shared=shared)]
+        self.ram = GIB + 512 * MIB
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self.info)
+
+    def sample(self) -> list[int]:
+        self.ram += 64 * MIB
+        return [0, self.ram]
+
+    def processes(self, position: int) -> list[tuple[int, int]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_shared_device_moved_by_the_rest_of_the_box_does_not_hold_up_the_release() -> None:
+    """On the host monitor the engine's release is its process tree's; host RAM is shared with everything
+    else, and another job's growth must not make every trial wait out its timeout."""
+    from autotuner.monitor.host import HostMonitor
+
+    assert [d.shared for d in HostMonitor(None).devices()] == [False, True]
+    shared = _TwoDevices(shared=True)
+    started = time.perf_counter()
+    assert wait_for_release(shared, [0, GIB], tolerance_bytes=256 * MIB, timeout=5.0)
+    assert time.perf_counter() - started < 1.0
+    # The same growth on a device of its own is memory not released.
+    assert not wait_for_release(_TwoDevices(shared=False), [0, GIB], tolerance_bytes=256 * MIB, timeout=0.3)
