@@ -4,8 +4,8 @@ running an argv with a timeout and an error that says what failed.
 The live file is what `autotuner export --format yaml` writes (same renderer) and `vllm serve --config`
 reads. Each write is atomic (temp file, fsync, rename) and keeps the file's mode; the file it replaces
 is first kept, atomically too, as `<config>.previous`. A config path that is a symlink is followed: the
-file it names is rewritten and its `.previous` kept beside it; the link itself is never replaced. A kill at any moment leaves the live file old or
-new, never a mix, and `.previous` a whole older file.
+file it names is rewritten and its `.previous` kept beside it; the link itself is never replaced.
+A kill at any moment leaves the live file old or new, never a mix, and `.previous` a whole older file.
 """
 
 from __future__ import annotations

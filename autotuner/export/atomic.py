@@ -15,7 +15,6 @@ from pathlib import Path
 
 from autotuner.errors import UserInputError
 
-
 # Exports, measurements and reports hold run details: readable by their owner only, whatever the umask.
 PRIVATE_MODE = 0o600
 
