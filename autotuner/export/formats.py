@@ -93,10 +93,19 @@ def check_env_names(names: list[str] | Mapping[str, str]) -> None:
                                  "not starting with a digit); rename it in the scenario")
 
 
+def check_not_an_option(key: str, value: str | None) -> None:
+    """`vllm serve --evil` would read a model name as an option in every exported command line."""
+    if value is not None and value.startswith("-"):
+        raise UserInputError(f"{key}: {value[:60]!r} starts with '-', so vLLM would read it as an option; "
+                             "give the model's name or path (e.g. ./-model for a directory named so)")
+
+
 def deployment(selection: Selection, certificate: Certificate) -> Deployment:
     study = selection.study
     engine = study.scenario.engine
     check_env_names(engine.env)
+    check_not_an_option("engine.model", engine.model)
+    check_not_an_option("engine.served_model_name", engine.served_model_name)
     flags = {k: v for k, v in selection.chosen.flags.items() if k not in RESERVED_FLAGS}
     env = {k: v for k, v in engine.env.items() if not from_environment(k, v) and k != API_KEY_VAR}
     secrets = sorted({k for k, v in engine.env.items() if from_environment(k, v)} - {API_KEY_VAR})

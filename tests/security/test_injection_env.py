@@ -15,7 +15,10 @@ import yaml
 
 from autotuner.errors import UserInputError
 from autotuner.export.certificate import Certificate
+from autotuner.export.exporter import run_export
 from autotuner.export.formats import RENDERERS, Deployment
+from tests.export.conftest import make_study  # noqa: F401  (the fixture)
+from tests.support.studies import MakeStudy
 
 HOSTILE_VALUES = [
     "plain",
@@ -198,3 +201,13 @@ def test_systemd_unit_reads_back_and_has_only_the_renderers_directives(tmp_path:
 def test_a_name_that_is_not_a_posix_name_is_refused(fmt: str, name: str) -> None:
     with pytest.raises(UserInputError, match=r"^engine\.env: .* is not a valid variable name"):
         RENDERERS[fmt](deployment({name: "x"}))
+
+
+@pytest.mark.parametrize("key", ["model", "served_model_name"])
+def test_a_model_that_reads_as_an_option_is_refused_by_the_exporter(make_study: MakeStudy, key: str) -> None:  # noqa: F811
+    try:
+        study = make_study(engine={key: "--trust-remote-code"})
+    except Exception:  # the scenario refuses it at load already: nothing to export
+        return
+    with pytest.raises(UserInputError, match=rf"^engine\.{key}: '--trust-remote-code' starts with '-'"):
+        run_export(study.storage, None, [], "max-throughput", "cmd", None, force=True, allow_unverified=True)
