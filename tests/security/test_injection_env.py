@@ -211,3 +211,15 @@ def test_a_model_that_reads_as_an_option_is_refused_by_the_exporter(make_study: 
         return
     with pytest.raises(UserInputError, match=rf"^engine\.{key}: '--trust-remote-code' starts with '-'"):
         run_export(study.storage, None, [], "max-throughput", "cmd", None, force=True, allow_unverified=True)
+
+
+def test_compose_environment_reads_back_through_the_yaml_loader() -> None:
+    env = env_of(HOSTILE_VALUES)
+    text = RENDERERS["compose"](deployment(env, model="/models/$HOME x\nevil: 1"))
+    data = yaml.safe_load(text)
+    assert set(data) == {"services"} and set(data["services"]) == {"vllm"}
+    service = data["services"]["vllm"]
+    # Compose interpolates `$` in every string: each literal one is doubled, and nothing else changes.
+    got = {k: v.replace("$$", "$") for k, v in service["environment"].items() if k in env}
+    assert got == env
+    assert service["command"][0] == "/models/$$HOME x\nevil: 1"
