@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,53 @@ def try_exclusive(path: Path, mode: int = 0o644) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+class UnsafeLockFileError(OSError):
+    """A lock file in a shared directory is not a plain file of its own (a symlink, a hard link, a FIFO)."""
+
+
+def open_shared_lock_file(path: Path) -> tuple[int, bool]:
+    """A lock file in a directory every user may write (sticky, like /tmp), so that tuners of different
+    users exclude each other. Never followed through a symlink and only a regular file with one link: a
+    planted link must not make us truncate what it names. Made readable by all, since another user's
+    tuner takes the same `flock` on a read-only descriptor. Returns (fd, ours): `ours` when this user
+    owns the file, so it may carry our PID. Raises OSError (UnsafeLockFileError for a planted file)."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+        writable = True
+    except PermissionError:  # another user's file: theirs to write, ours to lock
+        fd = os.open(path, os.O_RDONLY | flags)
+        writable = False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise UnsafeLockFileError(f"{path} is not a plain lock file (a link or special file); remove it")
+        ours = writable and st.st_uid == os.geteuid()
+        if ours and stat.S_IMODE(st.st_mode) != 0o644:
+            os.fchmod(fd, 0o644)  # the umask may have taken other users' read bit
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, ours
+
+
+def lock_now(fd: int) -> bool:
+    """Take an exclusive `flock` on an open descriptor without waiting; False when another holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def holder_of(fd: int) -> str:
+    """The PID a lock file's holder recorded, read through our own descriptor (never by path)."""
+    try:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
 
 
 def write_holder(fd: int) -> None:

@@ -43,14 +43,16 @@ def watch_status(storage: str, study: str | None, interval: float) -> int:
 
 def export(
     fmt: str = typer.Option(..., "--format", help="cmd | yaml | compose | systemd | env | json"),
-    output: Path | None = typer.Option(None, "-o", "--output", help="file to write (default: stdout)"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="file to write (default: stdout), created "
+                                       "0600; an existing one is replaced only with --force and keeps its mode "
+                                       "where stricter; a symlink is followed and its target replaced"),
     study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
     slo: list[str] = typer.Option([], "--slo", help="e.g. 'ttft_p95<=2s' (repeatable; on top of the "
                                   "scenario's SLOs)"),
     policy: str = typer.Option("knee", "--policy", help="max-throughput | min-ttft | knee"),
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
-    force: bool = typer.Option(False, "--force", help="export even if this machine's GPUs or the model "
-                               "differ from the study's"),
+    force: bool = typer.Option(False, "--force", help="replace an existing -o file; export even if this "
+                               "machine's GPUs or the model differ from the study's"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="export a winner that was not "
                                           "confirmed and soaked (the certificate says so)"),
 ) -> None:

@@ -3,8 +3,9 @@ running an argv with a timeout and an error that says what failed.
 
 The live file is what `autotuner export --format yaml` writes (same renderer) and `vllm serve --config`
 reads. Each write is atomic (temp file, fsync, rename) and keeps the file's mode; the file it replaces
-is first kept, atomically too, as `<config>.previous`. A kill at any moment leaves the live file old or
-new, never a mix, and `.previous` a whole older file.
+is first kept, atomically too, as `<config>.previous`. A config path that is a symlink is followed: the
+file it names is rewritten and its `.previous` kept beside it; the link itself is never replaced.
+A kill at any moment leaves the live file old or new, never a mix, and `.previous` a whole older file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 import yaml
 
 from autotuner.errors import AutotunerError
-from autotuner.export.atomic import write_text_atomic
+from autotuner.export.atomic import final_target, write_text_atomic
 from autotuner.export.formats import Deployment, config_yaml_body, render_yaml
 from autotuner.vllm import FlagValue
 
@@ -66,11 +67,21 @@ def render_config(flags: Mapping[str, FlagValue], deployment: Deployment | None 
 
 
 class ConfigFile:
-    """The live `--config` file and the one it replaced."""
+    """The live `--config` file and the one it replaced. A symlink at `path` is followed: its target is
+    rewritten (the link and where it points stay the operator's), and `.previous` sits beside the target."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.previous = path.with_name(path.name + PREVIOUS_SUFFIX)
+
+    @property
+    def live(self) -> Path:
+        """The file written: `path`, or the file its symlink names now."""
+        return final_target(self.path)
+
+    @property
+    def previous(self) -> Path:
+        live = self.live
+        return live.with_name(live.name + PREVIOUS_SUFFIX)
 
     def read(self, path: Path | None = None) -> dict[str, FlagValue] | None:
         path = path or self.path
@@ -92,7 +103,7 @@ class ConfigFile:
 
     def _mode(self) -> int:
         try:
-            return stat.S_IMODE(self.path.stat().st_mode)
+            return stat.S_IMODE(self.live.stat().st_mode)
         except FileNotFoundError:
             return DEFAULT_MODE
 
@@ -102,13 +113,14 @@ class ConfigFile:
         person rolling back by hand must not land on it)."""
         text = render_config(flags, deployment)
         mode = self._mode()
+        path = self.live
         try:
-            live = self.path.read_text() if self.path.exists() else None
+            live = path.read_text() if path.exists() else None
             # Rewriting the flags that are already live (a resumed deploy) must not make them the
             # rollback target: `.previous` keeps what was there before them.
-            if keep_previous and live is not None and self.read() != yaml.safe_load(text):
+            if keep_previous and live is not None and self.read(path) != yaml.safe_load(text):
                 write_text_atomic(self.previous, live, mode)
-            write_text_atomic(self.path, text, mode)
+            write_text_atomic(path, text, mode)
         except OSError as exc:
             raise DeployError(f"cannot write {self.path}: {exc.strerror}; check that its directory is writable "
                               "and the disk has room") from exc
@@ -122,7 +134,7 @@ class ConfigFile:
         except OSError as exc:
             raise DeployError(f"cannot read {self.previous}: {exc.strerror}") from exc
         try:
-            write_text_atomic(self.path, text, self._mode())
+            write_text_atomic(self.live, text, self._mode())
         except OSError as exc:
             raise DeployError(f"cannot restore {self.path} from {self.previous.name}: {exc.strerror}") from exc
         return True

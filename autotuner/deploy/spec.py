@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from autotuner.errors import UserInputError
+from autotuner.export.atomic import final_target
 
 DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
 DROP_IN_NAME = "autotuner.conf"
@@ -94,7 +95,8 @@ class _Target(BaseModel):
                              "e.g. /etc/vllm/tuned.yaml")
         if path.suffix not in (".yaml", ".yml"):
             raise ValueError(f"{path}: vLLM reads --config files as YAML; use a .yaml file name")
-        check_writable_dir(path.parent)
+        # A symlink is followed: the file it names, in its own directory, is what each deploy rewrites.
+        check_writable_dir(final_target(path).parent)
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             raise ValueError(f"{path} exists but this user cannot read and write it; fix its owner "
                              "or mode")

@@ -3,12 +3,10 @@ points the unit at it), then `systemctl daemon-reload` and `systemctl restart UN
 
 from __future__ import annotations
 
-import shlex
-
 from autotuner.deploy.base import DeployError, FileBacked, run_argv
 from autotuner.deploy.spec import SystemdSpec
 from autotuner.export.atomic import write_text_atomic
-from autotuner.export.formats import systemd_escape
+from autotuner.export.formats import systemd_command
 
 STATUS_TIMEOUT_S = 30.0
 
@@ -27,7 +25,7 @@ class SystemdTarget(FileBacked):
         return ("# Written by autotuner deploy: the unit serves the tuned --config file.\n"
                 "[Service]\n"
                 "ExecStart=\n"  # an empty ExecStart= clears the unit's own before ours replaces it
-                f"ExecStart={systemd_escape(shlex.join(argv))}\n")
+                f"ExecStart={systemd_command(argv)}\n")
 
     def _write_drop_in(self) -> bool:
         """True when the drop-in changed (systemd must reload its units)."""

@@ -2,13 +2,18 @@
 only those. An entry names a process group, the tuner that owned it and the engine's processes as
 (pid, create time) pairs, refreshed while the engine runs. A process is ours to kill only while its
 owner is dead and it is the very process we recorded (same PID *and* start time), or a member of the
-engine's own session whose leader is still ours (workers forked after the last refresh)."""
+engine's own session whose leader is still ours (workers forked after the last refresh).
+
+An entry is trusted only when this user wrote it: a file of ours (not a link) in a directory of ours
+that no one else can write. Anyone who could plant an entry could otherwise have our `measure` or daemon
+kill a process of their choosing; an untrusted entry or directory is skipped with a warning."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -16,8 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+import structlog
 
 from autotuner.proc_identity import CREATE_TIME_TOLERANCE_S, create_time, live_process, same_start
+
+log = structlog.get_logger("autotuner.engine")
 
 HOME_ENV = "AUTOTUNER_HOME"
 # After SIGKILL, how long a process may take to go (a CUDA process frees its memory while exiting).
@@ -143,11 +151,58 @@ class EngineRegistry:
                 self._write(EngineEntry(**{**asdict(entry), "members": entry.members + new}))
 
     def _write(self, entry: EngineEntry) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._ensure_root()
         path = self._path(entry.pgid)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(entry)))
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(entry)))
         os.replace(tmp, path)
+
+    def _ensure_root(self) -> None:
+        """The directory, created 0700 (its parents as the umask gives)."""
+        try:
+            self.root.mkdir(mode=0o700)
+            os.chmod(self.root, 0o700)  # mkdir's mode passes through the umask
+        except FileNotFoundError:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            self._ensure_root()
+        except FileExistsError:
+            pass
+
+    def _trusted_root(self) -> bool:
+        """Ours, a real directory, and writable by no one else."""
+        try:
+            st = os.lstat(self.root)
+        except FileNotFoundError:
+            return False
+        problem = None
+        if not stat.S_ISDIR(st.st_mode):
+            problem = "is not a directory (a symlink or file)"
+        elif st.st_uid != os.geteuid():
+            problem = f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"is writable by its group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        if problem is None:
+            return True
+        log.warning("engine registry ignored", directory=str(self.root),
+                    reason=f"{problem}: anyone who can write there could have us kill their choice of "
+                           f"process; fix with chmod 700 / chown, or remove it")
+        return False
+
+    def _trusted_entry(self, path: Path) -> bool:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            return True
+        log.warning("engine registry entry ignored", entry=str(path),
+                    reason=f"not a file of this user (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); "
+                           "its processes are left alone")
+        return False
 
     def remove(self, pgid: int, pids: Iterable[int] = ()) -> None:
         """Forget a stopped engine; its `pids` stay known as ours for `RECENT_S` (memory being freed)."""
@@ -166,15 +221,19 @@ class EngineRegistry:
         with self._lock:
             return {pid for pid, at in self._recent.items() if now - at <= RECENT_S}
 
-    @staticmethod
-    def _read(path: Path) -> EngineEntry | None:
+    def _read(self, path: Path) -> EngineEntry | None:
+        """The entry at `path` when it is one we trust (see the module's docstring), else None."""
+        if not self._trusted_root() or not self._trusted_entry(path):
+            return None
         try:
-            return EngineEntry(**json.loads(path.read_text()))
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd) as f:
+                return EngineEntry(**json.loads(f.read()))
         except (OSError, ValueError, TypeError):
             return None
 
     def entries(self) -> list[EngineEntry]:
-        if not self.root.is_dir():
+        if not self.root.is_dir() or not self._trusted_root():
             return []
         return [e for e in (self._read(p) for p in sorted(self.root.glob("*.json"))) if e is not None]
 

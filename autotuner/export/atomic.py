@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -14,13 +15,37 @@ from pathlib import Path
 
 from autotuner.errors import UserInputError
 
+# Exports, measurements and reports hold run details: readable by their owner only, whatever the umask.
+PRIVATE_MODE = 0o600
 
-def check_output_file(path: Path) -> None:
-    """Bad paths are the user's to fix, before any work is done."""
+
+def final_target(path: Path) -> Path:
+    """The file a write replaces: a symlink is followed to the file it names, so the link stays a link
+    (an operator's /etc/vllm/config.yaml -> /srv/... keeps pointing where they pointed it) and the
+    target gets the new text, atomically, in its own directory."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def check_output_file(path: Path, force: bool = False) -> None:
+    """Bad paths are the user's to fix, before any work is done. An existing file (or a symlink, even a
+    dangling one) is replaced only with `force`."""
     if path.is_dir():
         raise UserInputError(f"-o {path}: is a directory; give a file name")
-    if not path.parent.is_dir():
-        raise UserInputError(f"-o {path}: directory {path.parent} does not exist")
+    target = final_target(path)
+    if not target.parent.is_dir():
+        shown = f"{target.parent} (where the symlink {path} points)" if target != path else str(path.parent)
+        raise UserInputError(f"-o {path}: directory {shown} does not exist")
+    if os.path.lexists(path) and not force:
+        raise UserInputError(f"-o {path}: exists; pass --force to replace it, or choose another file")
+
+
+def replacement_mode(path: Path) -> int:
+    """The mode a replaced file keeps: its own where stricter than PRIVATE_MODE (a 0400 stays 0400), else
+    PRIVATE_MODE (a 0644 becomes 0600); a new file gets PRIVATE_MODE."""
+    try:
+        return stat.S_IMODE(final_target(path).stat().st_mode) & PRIVATE_MODE
+    except FileNotFoundError:
+        return PRIVATE_MODE
 
 
 # SIGTERM and SIGHUP kill a process that has no handler for them without running `finally`; a signal
@@ -54,8 +79,10 @@ def deferred_signals() -> Iterator[None]:
             signal.raise_signal(arrived[0])  # as it would have been handled: exit, KeyboardInterrupt, a handler
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Temp file in the same directory (same filesystem, so the rename is atomic), fsync, rename."""
+def write_text_atomic(path: Path, text: str, mode: int = PRIVATE_MODE) -> None:
+    """Temp file in the same directory (same filesystem, so the rename is atomic), fsync, rename. A
+    symlink at `path` is followed: its target is replaced (see `final_target`)."""
+    path = final_target(path)
     with deferred_signals():
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:

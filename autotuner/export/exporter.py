@@ -10,7 +10,7 @@ from autotuner.analysis.candidates import check_policy
 from autotuner.analysis.selection import select
 from autotuner.analysis.slo import parse_slo
 from autotuner.errors import UserInputError
-from autotuner.export.atomic import check_output_file, write_text_atomic
+from autotuner.export.atomic import check_output_file, replacement_mode, write_text_atomic
 from autotuner.export.certificate import build_certificate
 from autotuner.export.formats import FORMATS, RENDERERS, deployment
 from autotuner.export.target import check_target
@@ -30,7 +30,7 @@ def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt
         parse_slo(text)
     to_stdout = output is None or str(output) == STDOUT
     if output is not None and not to_stdout:
-        check_output_file(output)
+        check_output_file(output, force)
 
     selection = select(storage, study, slo, policy)
     if selection.study.note:
@@ -59,7 +59,7 @@ def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt
         _say(summary)
     else:
         assert output is not None
-        write_text_atomic(output, text)
+        write_text_atomic(output, text, replacement_mode(output))
         _say(f"wrote {output} ({fmt}): {summary}")
     return 0
 

@@ -21,6 +21,7 @@ import yaml
 from autotuner.analysis.selection import Selection
 from autotuner.engine.launch import API_KEY_VAR
 from autotuner.env_references import variables
+from autotuner.errors import UserInputError
 from autotuner.export.certificate import Certificate
 from autotuner.scenario import RESERVED_FLAGS
 from autotuner.secrets import is_secret_name
@@ -31,6 +32,12 @@ FORMATS: tuple[str, ...] = get_args(Format)
 IMAGE = "vllm/vllm-openai"
 PORT = 8000
 _PLAIN_ENV_VALUE = re.compile(r"^[\w@%+=:,./-]*$")
+# What a shell, systemd and compose all accept as a variable's name; the scenario checks it at load, the
+# renderers again (a name is written unquoted: `NAME=value`, `Environment="NAME=..."`).
+POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Line breaks and other control characters: an env file is read line by line (a shell's `.`, systemd's
+# EnvironmentFile=, compose's env_file:), and each reader treats a break inside quotes its own way.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 def is_secret(name: str) -> bool:
@@ -76,9 +83,29 @@ class Deployment:
         return env
 
 
+def check_env_names(names: list[str] | Mapping[str, str]) -> None:
+    """Refuse to render a variable name that is not a POSIX name: written unquoted, `A;rm -rf ~` would run
+    in the `cmd` export and a name with a newline would add a directive to the systemd unit."""
+    for name in names:
+        if not POSIX_NAME.fullmatch(name):
+            shown = name if len(name) <= 60 else name[:60] + "…"
+            raise UserInputError(f"engine.env: {shown!r} is not a valid variable name (letters, digits and _, "
+                                 "not starting with a digit); rename it in the scenario")
+
+
+def check_not_an_option(key: str, value: str | None) -> None:
+    """`vllm serve --evil` would read a model name as an option in every exported command line."""
+    if value is not None and value.startswith("-"):
+        raise UserInputError(f"{key}: {value[:60]!r} starts with '-', so vLLM would read it as an option; "
+                             "give the model's name or path (e.g. ./-model for a directory named so)")
+
+
 def deployment(selection: Selection, certificate: Certificate) -> Deployment:
     study = selection.study
     engine = study.scenario.engine
+    check_env_names(engine.env)
+    check_not_an_option("engine.model", engine.model)
+    check_not_an_option("engine.served_model_name", engine.served_model_name)
     flags = {k: v for k, v in selection.chosen.flags.items() if k not in RESERVED_FLAGS}
     env = {k: v for k, v in engine.env.items() if not from_environment(k, v) and k != API_KEY_VAR}
     secrets = sorted({k for k, v in engine.env.items() if from_environment(k, v)} - {API_KEY_VAR})
@@ -128,8 +155,14 @@ def _image(version: str) -> str:
 
 # --- the formats -------------------------------------------------------------------------------------
 
+def _shell_assignments(d: Deployment) -> list[str]:
+    env = d.run_env()
+    check_env_names(env)
+    return [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+
+
 def render_cmd(d: Deployment) -> str:
-    assignments = [f"{k}={shlex.quote(v)}" for k, v in d.run_env().items()]
+    assignments = _shell_assignments(d)
     return _header(d, ["run:"]) + " ".join([*assignments, shlex.join(d.argv())]) + "\n"
 
 
@@ -139,7 +172,7 @@ def render_yaml(d: Deployment) -> str:
     if d.served_model_name:
         body["served-model-name"] = d.served_model_name
     body.update(d.flags)
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in d.run_env().items())
+    env = " ".join(_shell_assignments(d))
     usage = [f"run: {env + ' ' if env else ''}vllm serve {shlex.quote(d.model)} --config THIS_FILE",
              "(the model is the command's positional argument, not a key of this file)"]
     return _header(d, usage) + config_yaml_body(body)
@@ -196,36 +229,66 @@ def render_compose(d: Deployment) -> str:
 
 
 def systemd_escape(value: str) -> str:
-    # systemd expands %-specifiers in ExecStart= and Environment=, and $VAR in ExecStart=; a line break
-    # would end the setting, so control characters are written as C escapes (which systemd decodes).
-    value = value.replace("%", "%%").replace("$", "$$")
-    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: _C_ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}")
-                  if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", value)
+    """Text in a systemd setting, outside quotes (Description=): `%` doubled (specifiers expand
+    everywhere) and control characters written as C escapes, so a line break never ends the setting."""
+    return _systemd_controls(value.replace("%", "%%"))
+
+
+def _systemd_controls(value: str) -> str:
+    return _CONTROL.sub(lambda m: _C_ESCAPES.get(m[0], f"\\x{ord(m[0]):02x}")
+                        if ord(m[0]) < 0x80 else f"\\u{ord(m[0]):04x}", value)
 
 
 _C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def systemd_quote(word: str, exec_line: bool) -> str:
+    """One word of a systemd setting, double-quoted by systemd.syntax(7)'s rules: inside quotes systemd
+    decodes C escapes (so `\\` and `"` are escaped, and control characters written as escapes: a line
+    break never ends the setting) and expands `%` specifiers (`%%`). Only command lines (ExecStart=)
+    expand `$VAR` too (`$$`); in Environment= a `$` is literal and must stay single."""
+    word = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if exec_line:
+        word = word.replace("$", "$$")
+    return f'"{_systemd_controls(word)}"'
+
+
+def systemd_command(argv: list[str]) -> str:
+    """An ExecStart= value: each word as it is when plain, else quoted on its own — a quoted `;` is an
+    argument, never a command separator; a quoted `\\` never escapes the line's end."""
+    return " ".join(word if _PLAIN_WORD.fullmatch(word) else systemd_quote(word, exec_line=True) for word in argv)
+
+
+# A word systemd takes as it is: no quote, backslash, specifier, variable, separator or space in it.
+_PLAIN_WORD = re.compile(r"[\w@+=:,./-]+")
+
+
+def _unit_comment(lines: list[str]) -> str:
+    # A line ending in a backslash continues on the next one in a unit file: no comment may end so.
+    return "".join(line.rstrip("\\") + "\n" for line in lines)
 
 
 def render_systemd(d: Deployment) -> str:
     name = d.served_model_name or d.model
     lines = [
         "[Unit]",
-        f"Description=vLLM serving {systemd_escape(one_line(name))} (autotuner study {d.certificate.study}, "
-        f"trial {d.certificate.trial})",
+        "Description=" + systemd_escape(one_line(f"vLLM serving {name} (autotuner study {d.certificate.study}, "
+                                                 f"trial {d.certificate.trial})")),
         "After=network-online.target",
         "Wants=network-online.target",
         "",
         "[Service]",
         "Type=simple",
     ]
-    for key, value in d.run_env().items():
-        escaped = systemd_escape(f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"'))
-        lines.append(f'Environment="{escaped}"')
+    env = d.run_env()
+    check_env_names(env)
+    check_env_names(d.secret_env)
+    lines += [f"Environment={systemd_quote(f'{key}={value}', exec_line=False)}" for key, value in env.items()]
     lines += [
         f"# Secrets ({', '.join([API_KEY_VAR, *d.secret_env])}) go in this root-only file, never in the unit:",
         "EnvironmentFile=-/etc/vllm/vllm.env",
         "# vllm must be on systemd's PATH; for a virtualenv, write its absolute path instead of /usr/bin/env vllm.",
-        "ExecStart=/usr/bin/env " + systemd_escape(shlex.join(d.argv())),
+        "ExecStart=" + systemd_command(["/usr/bin/env", *d.argv()]),
         "Restart=on-failure",
         "RestartSec=10",
         f"TimeoutStartSec={int(d.startup_timeout_s)}",
@@ -236,8 +299,9 @@ def render_systemd(d: Deployment) -> str:
         "[Install]",
         "WantedBy=multi-user.target",
     ]
-    return _header(d, ["install: copy to /etc/systemd/system/vllm.service, then systemctl daemon-reload && "
-                       "systemctl enable --now vllm"]) + "\n".join(lines) + "\n"
+    header = _header(d, ["install: copy to /etc/systemd/system/vllm.service, then systemctl daemon-reload && "
+                         "systemctl enable --now vllm"])
+    return _unit_comment(header.splitlines()) + "\n".join(lines) + "\n"
 
 
 def env_name(flag: str) -> str:
@@ -262,12 +326,25 @@ def _flag_text(value: FlagValue) -> str:
     return str(value)
 
 
+def _env_file_assignments(d: Deployment) -> list[str]:
+    """`NAME=value` lines, each value quoted for a POSIX shell (what `set -a; . FILE` reads; systemd's
+    EnvironmentFile= and compose read the same quotes). A line break has no one meaning across those
+    readers, so a value with one is refused rather than guessed."""
+    env = d.run_env()
+    check_env_names(env)
+    for name, value in env.items():
+        if _CONTROL.search(value):
+            raise UserInputError(f"engine.env.{name}: the value holds a line break or control character, which an "
+                                 "env file cannot carry on one line; remove it, or export --format cmd or systemd")
+    return [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+
+
 def render_env(d: Deployment) -> str:
     named = ["--served-model-name", d.served_model_name] if d.served_model_name else []
     lines = [f"VLLM_MODEL={_env_value(d.model)}",
              f"VLLM_ARGS={_quoted(shlex.join([*named, *flag_argv(d.flags)]))}"]
     lines += [f"{env_name(k)}={_env_value(_flag_text(v))}" for k, v in d.flags.items()]
-    lines += [f"{k}={_env_value(v)}" for k, v in d.run_env().items()]
+    lines += _env_file_assignments(d)
     usage = ['use: set -a; . THIS_FILE; set +a; vllm serve "$VLLM_MODEL" $VLLM_ARGS',
              "or EnvironmentFile= in a systemd unit / env_file: in compose"]
     return _header(d, usage) + "\n".join(lines) + "\n"

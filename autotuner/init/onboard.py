@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.export.atomic import write_text_atomic
+from autotuner.export.formats import one_line  # text from an endpoint stays inside its comment
 from autotuner.init.lengths import LengthFit, length_from_histogram
 from autotuner.scenario import Scenario
 from autotuner.vllm import FlagValue, Platform, VllmRuleError, knowledge_for
@@ -66,14 +67,32 @@ def run_init(from_cmd: str | None, from_endpoint: str | None, *, api_key_env: st
     scenario = {"name": scenario.pop("name"),
                 "storage": f"sqlite:///{(scenario_path.parent.resolve() / STORAGE_FILE)}", **scenario}
     daemon = _daemon(cmd, snap, from_endpoint, api_key_env, scenario_path, daemon_path, result)
-    scenario_path.parent.mkdir(exist_ok=True)  # only now: bad input leaves no trace
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     sources = " and ".join(s for s in (from_cmd and "the command line", from_endpoint and from_endpoint) if s)
-    write_text_atomic(scenario_path, _yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.",
-                                           result.check))
-    write_text_atomic(daemon_path, _daemon_yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
-                                                f"`autotuner daemon run {daemon_path}`."))
+    # Both texts are checked before either is written: all or nothing.
+    texts = [(scenario_path, _loads_back(_yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.",
+                                               result.check), scenario, scenario_path)),
+             (daemon_path, _loads_back(_daemon_yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
+                                                    f"`autotuner daemon run {daemon_path}`."), daemon, daemon_path))]
+    scenario_path.parent.mkdir(exist_ok=True)  # only now: bad input leaves no trace
+    for path, text in texts:
+        write_text_atomic(path, text)
     return result
+
+
+def _loads_back(text: str, meant: dict[str, Any], path: Path) -> str:
+    """The file says what was meant and nothing else. What an endpoint says (a model's `root`, its id, its
+    version) is data that lands in values and comments; should any of it still change what the YAML
+    holds, nothing is written."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        loaded = exc
+    if loaded != meant:
+        raise UserInputError(f"{path.name}: what the endpoint or command line says would change the file's "
+                             "meaning (a value with line breaks or YAML syntax); nothing written. Check the "
+                             "endpoint's /v1/models answer, or write the scenario by hand")
+    return text
 
 
 def _targets(out: Path, force: bool) -> tuple[Path, Path]:
@@ -380,7 +399,7 @@ def _daemon_yaml(data: dict[str, Any], title: str) -> str:
             lines += [f"# {c}" for c in _DAEMON_COMMENTS.get(key, [])]
             previous = key
         lines.append(line)
-    return f"# {title}\n" + "\n".join(lines) + "\n"
+    return f"# {one_line(title)}\n" + "\n".join(lines) + "\n"
 
 
 def _name(model: str) -> str:
@@ -389,10 +408,10 @@ def _name(model: str) -> str:
 
 
 def _yaml(data: dict[str, Any], title: str, check: list[str]) -> str:
-    head = [f"# {title}"]
+    head = [f"# {one_line(title)}"]
     if check:
         head.append("# Check before running:")
-        head += [f"#  - {line}" for line in check]
+        head += [f"#  - {one_line(line)}" for line in check]
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
     return "\n".join(head) + "\n" + body
 

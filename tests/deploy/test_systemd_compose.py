@@ -60,7 +60,7 @@ def test_systemd_drop_in_points_the_unit_at_the_config(tmp_path: Path) -> None:
     drop_in = tmp_path / "vllm.service.d" / "autotuner.conf"
     assert drop_in.read_text().splitlines()[1:] == [
         "[Service]", "ExecStart=",
-        f"ExecStart=/opt/vllm/bin/vllm serve '/models/Llama 3' --port 8000 --config {target.config_path}"]
+        f"ExecStart=/opt/vllm/bin/vllm serve \"/models/Llama 3\" --port 8000 --config {target.config_path}"]
     assert fake.calls() == [["daemon-reload"], ["restart", "vllm.service"]]
 
 

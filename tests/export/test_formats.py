@@ -169,7 +169,7 @@ def test_refusal_writes_nothing(study_db: StudyDb, tmp_path: Path) -> None:
 def test_replaces_atomically(study_db: StudyDb, tmp_path: Path) -> None:
     out = tmp_path / "vllm.yaml"
     out.write_text("old\n")
-    export(study_db, "yaml", out)
+    assert run_export(study_db.storage, None, [], POLICY, "yaml", out, force=True, allow_unverified=True) == 0
     assert out.read_text().startswith("# autotuner certificate")
     assert [p.name for p in tmp_path.iterdir()] == ["vllm.yaml"]  # no temp file left behind
 
