@@ -152,7 +152,8 @@ def child_environment(environ: Mapping[str, str], keep: Iterable[str] = (), only
       HF_TOKEN the scenario did not ask for, another service's API key;
     - a variable whose value holds a secret this process knows (a storage or endpoint URL's password
       remembered by `remember_url_password`, the API key) or a URL with a password: the database URL
-      the daemon's storage reads through `${VAR}`, whatever that variable is called.
+      the daemon's storage reads through `${VAR}`, whatever that variable is called. Proxy variables
+      (HTTPS_PROXY...) keep a proxy's credentials: the engine downloads through it.
 
     `only_ours` (a deploy command: production's own start, written by a person, may need its HF_TOKEN or a
     registry credential): of the secret-named variables only the tuner's own (AUTOTUNER_*) are left out;
@@ -166,8 +167,9 @@ def child_environment(environ: Mapping[str, str], keep: Iterable[str] = (), only
         if name not in kept:
             if is_secret_name(name) and name not in _NOT_SECRET and (not only_ours or name.startswith("AUTOTUNER_")):
                 continue
-            if any(secret in value for secret in ours) or _URL_PASSWORD.search(value) \
-                    or _QUERY_SECRET.search(value):
+            if any(secret in value for secret in ours):
+                continue
+            if not name.upper().endswith("_PROXY") and (_URL_PASSWORD.search(value) or _QUERY_SECRET.search(value)):
                 continue
         out[name] = value
     return out

@@ -162,12 +162,13 @@ def test_an_engine_gets_only_the_secrets_it_was_asked_for(monkeypatch: pytest.Mo
                "AUTOTUNER_DAEMON_TOKEN": "daemon-token-canary", "PGPASSWORD": "pg-canary-xyz",
                "OTHER_SERVICE_API_KEY": "other-canary-key", "HF_TOKEN": "hf-not-asked-canary",
                "STATE_DB": f"postgresql://tuner:{db_password}@db/x", "SRC_TOKEN_VALUE": "hf-asked-canary",
-               "MY_KEY": "api-key-canary-1"}
+               "MY_KEY": "api-key-canary-1", "HTTPS_PROXY": "http://u:proxy-pw-1@proxy:3128"}
     scenario = quickstart(kind="vllm", model="meta-llama/Llama-2-7b-hf", env={"HF_TOKEN": "${SRC_TOKEN_VALUE}"},
                           api_key_env="MY_KEY")
     env = plan_launch(scenario, {}, port=12345, environ=environ).env
     for name in ("PATH", "HOME", "LANG", "CUDA_HOME", "VLLM_PYTHON", "HF_HOME", "OMP_NUM_THREADS",
-                 "TORCHINDUCTOR_CACHE_DIR", "TMPDIR", "LD_LIBRARY_PATH", "TOKENIZERS_PARALLELISM", "MY_KEY"):
+                 "TORCHINDUCTOR_CACHE_DIR", "TMPDIR", "LD_LIBRARY_PATH", "TOKENIZERS_PARALLELISM", "MY_KEY",
+                 "HTTPS_PROXY"):  # the engine downloads through the proxy, credentials and all
         assert env[name] == environ[name], name
     assert env["HF_TOKEN"] == "hf-asked-canary" and env["VLLM_API_KEY"] == "api-key-canary-1"
     for name in ("AUTOTUNER_DAEMON_TOKEN", "PGPASSWORD", "OTHER_SERVICE_API_KEY", "STATE_DB"):
