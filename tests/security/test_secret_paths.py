@@ -230,3 +230,17 @@ def test_report_md_escapes_html_from_a_reason(tmp_path: Path) -> None:
     assert run_report(storage, None, tmp_path / "out") == 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "&lt;script&gt;" in md and "<script>" not in md and "<img" not in md
+
+
+def test_tune_refuses_a_dash_led_served_name_before_writing_anything(tmp_path: Path) -> None:
+    data = yaml.safe_load((REPO / "scenarios" / "quickstart.yaml").read_text())
+    data["engine"].update(kind="sim-virtual", served_model_name="--config=/tmp/x")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "AUTOTUNER_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "autotuner", "tune", str(scenario), "--storage",
+                           str(tmp_path / "s.db"), "--trials", "1"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "engine.served_model_name: '--config=/tmp/x' starts with '-'" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "s.db").exists()
