@@ -21,7 +21,8 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
-from autotuner.secrets import redact
+from autotuner.private_files import append_text
+from autotuner.secrets import redact, redact_value
 
 LogFormat = Literal["auto", "console", "json"]
 _EARLY_EVENTS = 2000  # kept in memory until the file is attached; a preflight logs a handful
@@ -47,15 +48,14 @@ def redact_secrets(_logger: object, _method: str, event: structlog.typing.EventD
 
 
 def _redacted(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {k: _redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_redacted(v) for v in value)
+    # Values, not the rendered JSON line: a secret json.dumps escapes would slip past a text mask.
     if isinstance(value, BaseException | Path):
         return redact(str(value))
-    return value
+    if isinstance(value, dict):
+        return {redact_value(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(v) for v in value)
+    return redact_value(value)
 
 
 def console_line(event: structlog.typing.EventDict) -> str:
@@ -89,12 +89,11 @@ class LogSinks:
 
     def attach(self, path: Path) -> None:
         """Start writing the full log to `path` (appended: a resumed study keeps one file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._file is not None:
                 self._file.close()
             self.path = path
-            self._file = path.open("a", encoding="utf-8")
+            self._file = append_text(path)  # 0600 in a 0700 directory: every event of the run
             for line in self._early or []:
                 self._file.write(line + "\n")
             self._early = None

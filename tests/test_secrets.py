@@ -5,10 +5,13 @@ line printed is searched for them."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote_plus
 
 import pytest
 import yaml
@@ -18,11 +21,21 @@ from autotuner.logs import redact_secrets
 from autotuner.secrets import display_url, redact, remember
 from autotuner.store.db import Store
 
-HF_CANARY = "hf_canary_T0k3n_5f1c2d9e"
+# A quote, a backslash and non-ASCII: json.dumps and YAML escape them, so a mask of the raw text alone misses.
+HF_CANARY = 'hf_canary_"T0k\\3n_é5f1c2d9e'
 KEY_CANARY = "sk-canary-ApiKey-77aa31"
 DB_CANARY = "pw-canary-Db-4242xyz"
-CANARIES = (HF_CANARY, KEY_CANARY, DB_CANARY)
+QUERY_CANARY = "pw-canary-Query-5151abc"
+CANARIES = (HF_CANARY, KEY_CANARY, DB_CANARY, QUERY_CANARY)
 PG_URL = f"postgresql://tuner:{DB_CANARY}@127.0.0.1:1/studies"
+PG_QUERY_URL = f"postgresql://tuner@127.0.0.1:1/studies?password={QUERY_CANARY}"
+
+
+def forms(canary: str) -> set[bytes]:
+    """The canary as each writer would render it: raw, JSON-escaped (ASCII or not), YAML, URL-quoted."""
+    texts = {canary, json.dumps(canary)[1:-1], json.dumps(canary, ensure_ascii=False)[1:-1], quote_plus(canary),
+             yaml.safe_dump(canary, default_style='"').strip().removesuffix("...").strip()[1:-1]}
+    return {t.encode() for t in texts}
 
 
 def scenario(tmp_path: Path) -> Path:
@@ -76,6 +89,10 @@ def test_no_canary_in_anything_written_or_printed(tmp_path: Path, sim_state: Pat
         done = cli(*args, ok=False)
         assert done.returncode == 2, done.stderr
         assert b"postgresql://tuner:***@127.0.0.1:1/studies" in done.stderr
+    for args in (("status", "--storage", PG_QUERY_URL), ("report", "-o", "r3", "--storage", PG_QUERY_URL)):
+        done = cli(*args, ok=False)
+        assert done.returncode == 2, done.stderr
+        assert b"postgresql://tuner@127.0.0.1:1/studies?password=***" in done.stderr
 
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "canary.yaml"]
     names = {p.name for p in written}
@@ -84,10 +101,17 @@ def test_no_canary_in_anything_written_or_printed(tmp_path: Path, sim_state: Pat
     for path in written:
         data = path.read_bytes()
         for canary in CANARIES:
-            assert canary.encode() not in data, f"{canary} in {path}"
+            for form in forms(canary):
+                assert form not in data, f"{form!r} in {path}"
     for done in outputs:
         for canary in CANARIES:
-            assert canary.encode() not in done.stdout + done.stderr, (canary, done.args)
+            for form in forms(canary):
+                assert form not in done.stdout + done.stderr, (form, done.args)
+    # What holds run details is the owner's only: the database, the JSONL log, the engine's log.
+    private = [tmp_path / "study.db", *(p for p in (tmp_path / "home" / "logs").rglob("*") if p.is_file())]
+    assert any(p.suffix == ".jsonl" for p in private) and any(p.suffix == ".log" for p in private), private
+    for path in private:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     # The name of what was left out is there, for the deployer to supply.
     assert "HF_TOKEN" in (tmp_path / "export.yaml").read_text()
     assert b"${TEST_HF_VALUE}" in (tmp_path / "study.db").read_bytes() + \

@@ -115,6 +115,7 @@ def doctor(
 
     from autotuner.preflight import run_checks
     from autotuner.scenario import load_scenario
+    from autotuner.secrets import redact
 
     with command_errors():
         sc = load_scenario(scenario)
@@ -124,7 +125,8 @@ def doctor(
         table.add_column(column, overflow="fold")
     style = {"ok": "green", "warning": "yellow", "failed": "bold red"}
     for check in report.checks:
-        table.add_row(check.name, Text(check.status, style=style[check.status]), Text(check.detail),
-                      Text(check.fix or ""))
+        # A check quotes what it looked at (an expanded engine.model, a URL): never a secret's value.
+        table.add_row(check.name, Text(check.status, style=style[check.status]), Text(redact(check.detail)),
+                      Text(redact(check.fix or "")))
     Console(width=max(Console().width, 160)).print(table)
     raise typer.Exit(report.exit_code)

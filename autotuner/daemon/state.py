@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 import structlog
 
-from autotuner.secrets import redact
+from autotuner.secrets import redact, redact_value
 from autotuner.store.db import Store
 
 log = structlog.get_logger("autotuner.daemon")
@@ -119,7 +119,7 @@ def _finite(value: Any) -> Any:
 
 
 def _dump(value: Any) -> str | None:
-    return None if value is None else redact(json.dumps(_finite(value), default=str, sort_keys=True))
+    return None if value is None else redact(json.dumps(redact_value(_finite(value)), default=str, sort_keys=True))
 
 
 def _load(text: str | None) -> Any:
@@ -211,7 +211,7 @@ class CycleStore:
 
     def update(self, cycle: Cycle, **changes: Any) -> Cycle:
         """Write fields of the cycle without changing its state (what the next step needs to resume)."""
-        values = {k: (_dump(v) if k in _JSON_COLUMNS else v) for k, v in changes.items()}
+        values = {k: (_dump(v) if k in _JSON_COLUMNS else redact_value(v)) for k, v in changes.items()}
         values["updated_at"] = time.time()
         with self.engine.begin() as conn:
             conn.execute(cycles.update().where(cycles.c.id == cycle.id).values(**values))
@@ -227,7 +227,7 @@ class CycleStore:
         now = time.time()
         if to_state == DONE:
             changes.setdefault("ended_at", now)
-        values = {k: (_dump(v) if k in _JSON_COLUMNS else v) for k, v in changes.items()}
+        values = {k: (_dump(v) if k in _JSON_COLUMNS else redact_value(v)) for k, v in changes.items()}
         values.update(state=to_state, updated_at=now)
         detail = {**(detail or {}), **({"outcome": changes["outcome"]} if "outcome" in changes else {})}
         with self.engine.begin() as conn:

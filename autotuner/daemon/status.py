@@ -1,6 +1,9 @@
 """What `GET /status` answers and `autotuner daemon status` prints: read from the database (and the live
 config file, and production itself where the caller has a snapshot), so that both say the same thing
-whether or not the daemon is running — and say so when it is not."""
+whether or not the daemon is running — and say so when it is not.
+
+The document is masked as a whole before it is returned (secrets.redact_value): production's endpoint
+may carry a password (http://user:pw@host), an engine's reason may quote a secret."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
 from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, ROLLED_BACK, CycleStore
+from autotuner.secrets import redact_value, remember_url_password
 
 
 def _when(ts: float | None) -> str | None:
@@ -96,7 +100,8 @@ def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str,
     }
     if runtime:
         doc.update(runtime)
-    return doc
+    remember_url_password(config.production.endpoint)  # masked bare too, e.g. inside a probe's error
+    return redact_value(doc)  # type: ignore[no-any-return]
 
 
 def _live_flags(target: Any) -> dict[str, Any]:

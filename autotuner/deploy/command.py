@@ -24,7 +24,9 @@ import psutil
 from autotuner.deploy.base import DeployError, FileBacked, last_lines, run_argv
 from autotuner.deploy.spec import CommandSpec
 from autotuner.engine.registry import EngineRegistry, autotuner_home, engine_processes, stop_processes
+from autotuner.private_files import append_binary
 from autotuner.proc_identity import create_time
+from autotuner.secrets import child_environment
 
 LOG_TAIL_BYTES = 16384
 
@@ -81,13 +83,14 @@ class CommandTarget(FileBacked):
         self._child = None
         # A production child of a killed daemon would still hold the port (and the GPUs): stop it first.
         self.registry.reap_orphans()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.spec.start
-        with open(self.log_path, "ab") as log:
+        with append_binary(self.log_path) as log:  # 0600: production's output is run details too
             offset = log.tell()
             try:
+                # Not the daemon's token nor its database password (secrets.child_environment).
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        cwd=self.spec.cwd, start_new_session=True)
+                                        cwd=self.spec.cwd, start_new_session=True,
+                                        env=child_environment(os.environ, only_ours=True))
             except OSError as exc:
                 raise DeployError(f"start: cannot run {argv[0]!r} ({exc.strerror}); give an executable, e.g. its "
                                   "absolute path") from exc

@@ -2,7 +2,8 @@
 
 argv lists only, never a shell; the engine binds 127.0.0.1 on a port we chose; the API key travels
 in the environment (VLLM_API_KEY), never on the command line where `ps` and our database would see
-it.
+it. The engine's environment is ours less the secrets it was not asked for (`secrets.child_environment`:
+the daemon's token, a database password, secret-named variables not named in engine.env/api_key_env).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from autotuner.engine.ports import free_port
 from autotuner.errors import UserInputError
 from autotuner.scenario import RESERVED_FLAGS, Scenario
-from autotuner.secrets import is_secret_name
+from autotuner.secrets import child_environment, is_secret_name
 from autotuner.vllm import FlagValue, VllmKnowledge, flag_argv, flag_name, knowledge_for
 
 API_KEY_VAR = "VLLM_API_KEY"
@@ -73,6 +74,17 @@ class LaunchPlan:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def refuse_option_like(model: str, served_name: str) -> None:
+    """A model (positional on vLLM's command line) or served name that starts with `-` would be read as
+    an option: `--trust-remote-code`, `--config=/tmp/x`. Such a value comes from a scenario, or from what
+    production's /v1/models answers after a model swap: data, never an option."""
+    for key, value in (("engine.model", model), ("engine.served_model_name", served_name)):
+        if value.startswith("-"):
+            shown = value if len(value) <= 80 else value[:80] + "…"
+            raise UserInputError(f"{key}: {shown!r} starts with '-' and would be read as a vLLM option; give a "
+                                 "model directory (./ before a relative one) or a Hugging Face id")
+
+
 def _secret(name: str) -> bool:
     return is_secret_name(name)
 
@@ -83,12 +95,14 @@ def plan_launch(scenario: Scenario, candidate: Mapping[str, FlagValue], port: in
     simulator's `--sim-*`)."""
     environ = os.environ if environ is None else environ
     engine = scenario.engine
+    refuse_option_like(engine.model, engine.name)
     flags: dict[str, FlagValue] = {**engine.flags, **candidate}
     port = port or free_port()
     argv = [*engine.command_prefix(), engine.model, "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", engine.name, *flag_argv(flags)]
     argv += extras
-    env = {**environ, **engine.resolved_env(environ)}
+    asked = [*engine.env, *([engine.api_key_env] if engine.api_key_env else [])]
+    env = {**child_environment(environ, keep=asked), **engine.resolved_env(environ)}
     env.pop(API_KEY_VAR, None)  # only the key the scenario names reaches the engine
     if engine.gpus is not None:
         # NVML numbers GPUs by PCI bus; CUDA, by default, fastest first. Make them agree, so the

@@ -20,6 +20,7 @@ import psutil
 
 from autotuner.engine.classify import LogFacts
 from autotuner.engine.registry import EngineRegistry, engine_processes, stop_processes
+from autotuner.private_files import append_binary
 from autotuner.proc_identity import create_time
 
 TAIL_LINES = 200
@@ -67,11 +68,11 @@ class EngineProcess:
         return None if self._proc is None else self._proc.poll()
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._started_at = time.time()
         # The engine writes its log straight to the file, not through a pipe to us: if the tuner dies,
-        # the engine must not die of a broken pipe before the next run finds and stops it.
-        with open(self.log_path, "ab") as log:
+        # the engine must not die of a broken pipe before the next run finds and stops it. 0600 in a 0700
+        # directory: it quotes the engine's command line and whatever the engine prints.
+        with append_binary(self.log_path) as log:
             # Own session: the whole tree (API server, engine core, TP workers) shares one process group.
             self._proc = subprocess.Popen(
                 self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

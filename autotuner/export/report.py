@@ -8,6 +8,7 @@ directory first and moved into place at the end, so a failure leaves nothing hal
 from __future__ import annotations
 
 import datetime as dt
+import html
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from autotuner.export.certificate import (
     threshold_text,
     workload_text,
 )
-from autotuner.export.document import Document, Image, Section, Table, to_html, to_markdown
+from autotuner.export.document import Block, Document, Image, Section, Table, to_html, to_markdown
 from autotuner.store.db import TrialRecord
 from autotuner.units import change, flag_value, gib, percent, rate, seconds
 
@@ -73,13 +74,30 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
                               f"best: trial {winner.trial_number} is recommended on its re-measured bounds.")
     doc.sections.insert(3, section)
     with staged_dir(out_dir) as stage:
-        (stage / "report.md").write_text(to_markdown(doc))
+        (stage / "report.md").write_text(to_markdown(markdown_safe(doc)))
         (stage / "report.html").write_text(to_html(doc))
         for image in doc.images():
             (stage / image.filename).write_bytes(image.png)
     print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.html'} ({len(doc.images())} plots) for study "
           f"{data.name}", file=sys.stderr)
     return 0
+
+
+def markdown_safe(doc: Document) -> Document:
+    """`doc` with its text HTML-escaped for report.md: Markdown renderers pass raw HTML through, and an
+    engine's reason is the engine's text (a `<script>` or `<img onerror=…>` in a log line). report.html
+    escapes the same text itself."""
+    def e(text: str) -> str:
+        return html.escape(text, quote=False)
+
+    def block(b: Block) -> Block:
+        if isinstance(b, Table):
+            return Table([e(h) for h in b.header], [[e(c) for c in row] for row in b.rows])
+        if isinstance(b, Image):
+            return Image(b.filename, e(b.alt), b.png)
+        return e(b)
+
+    return Document(e(doc.title), [Section(e(s.title), [block(b) for b in s.blocks]) for s in doc.sections])
 
 
 def measured(trial: TrialRecord) -> dict[str, object]:

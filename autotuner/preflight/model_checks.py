@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from autotuner.backends import backend_for
-from autotuner.errors import ModelSpecError
+from autotuner.errors import ModelSpecError, UserInputError
 from autotuner.preflight.checklist import Check
 from autotuner.scenario import Scenario
 from autotuner.vllm import ModelLimits
@@ -33,8 +33,16 @@ def _looks_like_path(model: str) -> bool:
 
 
 def check_model(scenario: Scenario) -> Check:
+    from autotuner.engine.launch import refuse_option_like  # the launcher's rule, checked before anything runs
+
     engine = scenario.engine
     model = engine.model
+    try:
+        refuse_option_like(model, engine.name)
+    except UserInputError as exc:
+        key, _, what = str(exc).partition(": ")
+        return Check("model", "failed", f"{key}: {what.partition('; ')[0]}",
+                     "give a model directory (./ before a relative one) or a Hugging Face id")
     if backend_for(engine).simulated:
         from autotuner.catalog.models import load_model
 

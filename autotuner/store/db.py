@@ -6,11 +6,14 @@ outcome, reason, the flags and full argv, all metrics, memory peaks and the down
 engine version, log path and tail. The only module with SQL.
 
 No secret is stored: the scenario's environment is kept as written (`${VAR}` by name), and every text
-written goes through `secrets.redact` as a safety net.
+written is masked as a safety net: values with `secrets.redact_value` before they are serialised (a
+secret holding `"`, `\\` or non-ASCII is escaped by json.dumps and would no longer match), texts with
+`secrets.redact`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -25,7 +28,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from autotuner.errors import InfrastructureError, UserInputError
-from autotuner.secrets import display_url, redact, remember_url_password
+from autotuner.secrets import display_url, redact, redact_value, remember_url_password
 
 T = TypeVar("T")
 # How long a SQLite writer waits for another one's lock before giving up (seconds).
@@ -165,6 +168,12 @@ class Store:
                 exists = False
             if not exists:
                 raise UserInputError(f"storage {shown}: directory {parent} does not exist")
+            if create and not self.url.endswith((":memory:", "///")):
+                from autotuner.private_files import create_empty
+
+                # 0600: run details. Unwritable or not a file: SQLite's own message below says which.
+                with contextlib.suppress(OSError):
+                    create_empty(Path(self.url.removeprefix("sqlite:///").partition("?")[0]))
         try:
             self.engine = sa.create_engine(self.url, **engine_kwargs(self.url))
         except (SQLAlchemyError, ImportError, ValueError, TypeError) as exc:
@@ -211,7 +220,8 @@ class Store:
             "gpu_inventory": json.dumps(record.key.gpu_inventory),
             "engine_version": record.key.engine_version,
             "workload_fingerprint": record.key.workload_fingerprint, "key_digest": record.key.digest(),
-            "scenario": redact(json.dumps(record.scenario, default=str)), "scenario_path": record.scenario_path,
+            "scenario": redact(json.dumps(redact_value(record.scenario), default=str)),
+            "scenario_path": record.scenario_path,
             "created_at": record.created_at,
         }
         try:
@@ -246,8 +256,8 @@ class Store:
         row = {
             "study_name": study_name, "trial_number": record.trial_number, "kind": record.kind,
             "outcome": record.outcome, "reason": None if record.reason is None else redact(record.reason),
-            "state": record.state, "flags": redact(json.dumps(record.flags, default=str)),
-            "result": redact(json.dumps(result, default=str)), "timeline": json.dumps(timeline),
+            "state": record.state, "flags": redact(json.dumps(redact_value(record.flags), default=str)),
+            "result": redact(json.dumps(redact_value(result), default=str)), "timeline": json.dumps(timeline),
             "log_tail": redact("\n".join(record.log_tail)),
             "engine_version": engine.get("version"), "log_path": engine.get("log_path"),
             "started_at": record.started_at, "finished_at": record.finished_at,

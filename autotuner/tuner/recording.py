@@ -15,6 +15,7 @@ import structlog
 from optuna.trial import TrialState
 
 from autotuner.scenario import Scenario
+from autotuner.secrets import redact_value
 from autotuner.store.db import Store, TrialRecord
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
@@ -24,6 +25,12 @@ from autotuner.vllm import FlagValue
 log = structlog.get_logger(__name__)
 
 Event = Callable[[str, dict[str, Any]], None]
+
+
+def set_attr(trial: optuna.Trial, name: str, value: Any) -> None:
+    """A user attribute in Optuna's own tables (trial_user_attributes), masked like our rows: an engine's
+    failure reason may quote its environment or a URL with a password."""
+    trial.set_user_attr(name, redact_value(value))
 
 
 @dataclass
@@ -44,8 +51,8 @@ class TrialRecorder:
     def tell(self, study: optuna.Study, trial: optuna.Trial, kind: str, result: TrialResult, started: float) -> None:
         """A measured (or screened) trial: FAIL for the machine's faults, else COMPLETE with its constraints."""
         if result.infrastructure:
-            trial.set_user_attr("outcome", result.outcome)
-            trial.set_user_attr("reason", result.reason)
+            set_attr(trial, "outcome", result.outcome)
+            set_attr(trial, "reason", result.reason)
             study.tell(trial, state=TrialState.FAIL)
             self.save(trial.number, kind, result, "FAIL", started)
             self.on_event("finished", {"number": trial.number, "outcome": result.outcome, "state": "FAIL",
@@ -63,7 +70,7 @@ class TrialRecorder:
                  "constraints": constraints, "peak_fraction": result.peak_fraction,
                  **{f"metric:{k}": v for k, v in result.metrics.items() if isinstance(v, int | float)}}
         for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+            set_attr(trial, name, value)
         # Ours first: if we die between the two writes, the resumed run finds the trial RUNNING, drops
         # our row and measures the candidate again — nothing duplicated, at most this trial lost.
         self.save(trial.number, kind, result, "COMPLETE", started)
@@ -113,8 +120,8 @@ class TrialRecorder:
     def gpus_busy(self, study: optuna.Study, trial: optuna.Trial, kind: str, flags: dict[str, FlagValue],
                   reason: str, started: float) -> None:
         """Never launched, the GPUs were taken: end the trial (not RUNNING forever), queue the candidate again."""
-        trial.set_user_attr("outcome", Outcome.GPUS_BUSY)
-        trial.set_user_attr("reason", reason)
+        set_attr(trial, "outcome", Outcome.GPUS_BUSY)
+        set_attr(trial, "reason", reason)
         study.tell(trial, state=TrialState.FAIL)
         study.enqueue_trial(trial.params, user_attrs={"kind": kind, "requeued_from": trial.number})
         self.save(trial.number, kind, TrialResult(Outcome.GPUS_BUSY, reason, {**self.scenario.engine.flags, **flags},

@@ -23,6 +23,7 @@ import structlog
 from autotuner.durations import parse_duration
 from autotuner.engine.gpu_locks import GpusBusyError
 from autotuner.scenario import Scenario
+from autotuner.secrets import display_url
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import TrialKind
 from autotuner.trials.result import TrialResult
@@ -106,7 +107,7 @@ class Tuner:
                     storage=self._opened.storage)
         labels = group_labels(self.groups)
         log.info("tune.started", study=self.study_name, sampler=sampler, trials=self.n_trials,
-                 requeued=requeued, storage=self.store.url, gpu_groups=labels)
+                 requeued=requeued, storage=display_url(self.store.url), gpu_groups=labels)
         self.on_event("started", {"study": self.study_name, "sampler": sampler, "budget": self.n_trials,
                                   "requeued": requeued, "gpu_groups": labels})
         self.memory = self._learn_wall()
