@@ -139,6 +139,10 @@ def remember_url_password(url: str) -> None:
 
 # Names that hold a secret word but no secret: kept in a child's environment.
 _NOT_SECRET = ("TOKENIZERS_PARALLELISM",)
+# The engine's own credential: vLLM downloads a gated model with the Hugging Face token it finds in its
+# environment (the way its docs set it up), so an exported HF_TOKEN reaches the engines as it would reach
+# `vllm serve`; the scenario's engine.env still takes precedence. Never written anywhere either way.
+_ENGINE_CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def child_environment(environ: Mapping[str, str], keep: Iterable[str] = (), only_ours: bool = False) -> dict[str, str]:
@@ -149,7 +153,7 @@ def child_environment(environ: Mapping[str, str], keep: Iterable[str] = (), only
     allowlist would break it in ways that show up only on a GPU. Left out, unless named in `keep` (the
     scenario's engine.env and api_key_env):
     - a variable whose name says secret (`is_secret_name`): AUTOTUNER_DAEMON_TOKEN, PGPASSWORD, an
-      HF_TOKEN the scenario did not ask for, another service's API key;
+      another service's API key (the Hugging Face token stays: the engine downloads with it);
     - a variable whose value holds a secret this process knows (a storage or endpoint URL's password
       remembered by `remember_url_password`, the API key) or a URL with a password: the database URL
       the daemon's storage reads through `${VAR}`, whatever that variable is called. Proxy variables
@@ -165,7 +169,8 @@ def child_environment(environ: Mapping[str, str], keep: Iterable[str] = (), only
     out: dict[str, str] = {}
     for name, value in environ.items():
         if name not in kept:
-            if is_secret_name(name) and name not in _NOT_SECRET and (not only_ours or name.startswith("AUTOTUNER_")):
+            if is_secret_name(name) and name not in _NOT_SECRET + _ENGINE_CREDENTIALS and \
+                    (not only_ours or name.startswith("AUTOTUNER_")):
                 continue
             if any(secret in value for secret in ours):
                 continue

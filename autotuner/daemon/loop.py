@@ -41,6 +41,7 @@ from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identit
 from autotuner.errors import UserInputError
 from autotuner.proc_identity import create_time
 from autotuner.scenario import Scenario
+from autotuner.secrets import remember
 from autotuner.store.db import Store
 from autotuner.watch.fingerprint import model_fingerprint
 from autotuner.watch.inventory import gpu_inventory, gpu_used_bytes
@@ -167,6 +168,9 @@ class Daemon:
         registry = CollectorRegistry(auto_describe=True)
         registry.register(DaemonCollector(self.states, self.current_state, self.health_gauges))
         listen = self.config.listen
+        # The endpoint's token is a secret whatever its variable is called: masked in what we write, and
+        # kept from engines and deploy commands.
+        remember(os.environ.get(listen.token_env))
         server = DaemonServer(build_app(self.status, registry, listen.token_env), listen.host, listen.port)
         self.port = await server.start()
         pid = os.getpid()

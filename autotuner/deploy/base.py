@@ -10,6 +10,7 @@ A kill at any moment leaves the live file old or new, never a mix, and `.previou
 
 from __future__ import annotations
 
+import os
 import shlex
 import stat
 import subprocess
@@ -26,6 +27,7 @@ import yaml
 from autotuner.errors import AutotunerError
 from autotuner.export.atomic import final_target, write_text_atomic
 from autotuner.export.formats import Deployment, config_yaml_body, render_yaml
+from autotuner.secrets import child_environment
 from autotuner.vllm import FlagValue
 
 DEFAULT_MODE = 0o644
@@ -181,8 +183,10 @@ def run_argv(argv: Sequence[str], what: str, timeout_s: float, hint: str = "",
     DeployError naming the command, its exit code and its last stderr lines (never the environment)."""
     shown = shlex.join(argv)
     try:
+        # Production's own commands: never the daemon's token or the database's password.
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
-                              stdin=subprocess.DEVNULL, check=False)
+                              stdin=subprocess.DEVNULL, check=False,
+                              env=child_environment(os.environ, only_ours=True))
     except FileNotFoundError as exc:
         raise DeployError(f"{what}: {argv[0]!r} not found; install it or give its absolute path") from exc
     except PermissionError as exc:

@@ -31,6 +31,7 @@ from autotuner.monitor import (
 )
 from autotuner.monitor.checks import wait_for_release
 from autotuner.monitor.foreign import MIB, ForeignMemory, unlisted_warning
+from autotuner.private_files import private_dir
 from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import Phase, TrialResult
@@ -118,7 +119,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                registry: EngineRegistry, log_dir: Path, phase: Phase, foreign: list[ForeignMemory],
                pruner: Pruner | None) -> TrialResult:
     t_begin = time.monotonic()
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(log_dir)  # engine logs hold what the engine printed: the run's details
     log_path = log_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{plan.port}.log"
     result = TrialResult(Outcome.OK, None, dict(plan.flags), _redact_argv(plan.argv), plan.redacted_env())
     result.engine["log_path"] = str(log_path)

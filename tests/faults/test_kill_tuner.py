@@ -164,7 +164,7 @@ def exported_study(tmp_path: Path) -> tuple[Path, str]:
 
 def _export(db: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "autotuner", "export", "--storage", str(db), "--format", "yaml", "-o", str(out),
-            "--allow-unverified"]
+            "--allow-unverified", "--force"]  # each export replaces the last one's file
 
 
 def test_sigterm_and_sighup_while_exporting_never_leave_a_partial_file(

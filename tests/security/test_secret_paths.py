@@ -173,6 +173,10 @@ def test_an_engine_gets_only_the_secrets_it_was_asked_for(monkeypatch: pytest.Mo
     assert env["HF_TOKEN"] == "hf-asked-canary" and env["VLLM_API_KEY"] == "api-key-canary-1"
     for name in ("AUTOTUNER_DAEMON_TOKEN", "PGPASSWORD", "OTHER_SERVICE_API_KEY", "STATE_DB"):
         assert name not in env, name
+    # Not named by the scenario, an exported Hugging Face token still reaches the engine (gated downloads).
+    bare = plan_launch(quickstart(kind="vllm", model="meta-llama/Llama-2-7b-hf"), {}, port=12345,
+                       environ=environ).env
+    assert bare["HF_TOKEN"] == "hf-not-asked-canary" and "PGPASSWORD" not in bare
     # A deploy command: production's own start may need its HF_TOKEN, never the daemon's token or database.
     deploy = secrets.child_environment(environ, only_ours=True)
     assert "HF_TOKEN" in deploy and "AUTOTUNER_DAEMON_TOKEN" not in deploy and "STATE_DB" not in deploy

@@ -62,6 +62,8 @@ def private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("AUTOTUNER_HOME", str(home))
     monkeypatch.setenv("AUTOTUNER_SIM_STATE_DIR", str(home / "sim-gpus"))
+    # GPU locks are machine-wide (keyed by GPU UUID); a test's simulated GPUs are its own, and so are their locks.
+    monkeypatch.setenv("AUTOTUNER_GPU_LOCK_DIR", str(home / "gpu-locks"))
     return home
 
 

@@ -92,15 +92,15 @@ def test_neighbours_are_the_trials_whose_engines_overlapped() -> None:
 
 
 def test_two_engines_of_one_process_never_lock_the_same_gpu(tmp_path: Path) -> None:
-    study_hold = GpuLocks([(0, "GPU-a"), (1, "GPU-b")], home=tmp_path)
+    study_hold = GpuLocks([(0, "GPU-a"), (1, "GPU-b")], lock_dir=tmp_path)
     study_hold.acquire()
-    first = GpuLocks([(0, "GPU-a")], home=tmp_path, engine=True)
+    first = GpuLocks([(0, "GPU-a")], lock_dir=tmp_path, engine=True)
     first.acquire()  # inside the study's own hold: re-entrant
     with pytest.raises(GpuInUseError, match="two engines never share a GPU"):
-        GpuLocks([(1, "GPU-b"), (0, "GPU-a")], home=tmp_path, engine=True).acquire()
-    GpuLocks([(1, "GPU-b")], home=tmp_path, engine=True).acquire()  # all-or-none: GPU-b was not kept
+        GpuLocks([(1, "GPU-b"), (0, "GPU-a")], lock_dir=tmp_path, engine=True).acquire()
+    GpuLocks([(1, "GPU-b")], lock_dir=tmp_path, engine=True).acquire()  # all-or-none: GPU-b was not kept
     first.release()
-    again = GpuLocks([(0, "GPU-a")], home=tmp_path, engine=True)
+    again = GpuLocks([(0, "GPU-a")], lock_dir=tmp_path, engine=True)
     again.acquire()
     again.release()
     study_hold.release()
