@@ -371,7 +371,7 @@ class Scenario(_Model):
         Objective(metric="ttft_p95_s", direction="minimize"),
     ], min_length=1)
     # A limit of 0 or below can never be met and the constraints divide by it: refused at load.
-    slos: dict[Metric, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    slos: dict[Metric, Annotated[float, Field(gt=0, le=1e9)]] = Field(default_factory=dict)
     current_config: dict[str, FlagValue] = Field(default_factory=dict,
                                                  description="the flags deployed today, for the baseline")
     budget: BudgetSettings = BudgetSettings()
