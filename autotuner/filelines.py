@@ -41,6 +41,13 @@ class _LineLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2 reads `1e3` and `1e-3` as numbers; PyYAML (YAML 1.1) reads them as text, which the strict models
+# would then refuse as "not a number". The numbers a user means are numbers.
+_LineLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """How many nodes the document has once aliases are expanded (an alias is the same node object)."""
     known = memo.get(id(node))

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -257,49 +258,66 @@ def generate(seed: int, n: int) -> list[Case]:
 
 # --- running -------------------------------------------------------------------------------------------
 
-def _prepare(case: Case, scratch: Path) -> tuple[set[Path], dict[str, str]]:
+def _prepare(case: Case, scratch: Path) -> tuple[set[Path], dict[str, str], list[str]]:
+    """The case's files written into `scratch`; what was there, the environment and the argv to run."""
     for name, data in case.files.items():
         (scratch / name).parent.mkdir(parents=True, exist_ok=True)
         (scratch / name).write_bytes(data)
     argv = list(case.argv)
     if argv and argv[0] == "tune":
         argv += ["--storage", str(scratch / "study.db"), "--confirm", "0"]
-    case.argv = argv
     env = {"AUTOTUNER_HOME": str(scratch / "home"), "AUTOTUNER_SIM_STATE_DIR": str(scratch / "simstate")}
-    return set(scratch.rglob("*")), env
+    return set(scratch.rglob("*")), env, argv
 
 
-def _outcome(case: Case, scratch: Path, before: set[Path], code: int | None, output: str,
+def _outcome(case: Case, argv: list[str], scratch: Path, before: set[Path], code: int | None, output: str,
              traceback: bool) -> dict[str, Any]:
     left = sorted(str(p.relative_to(scratch)) for p in set(scratch.rglob("*")) - before)
-    return {"kind": case.kind, "what": case.what, "argv": case.argv, "exit": code, "traceback": traceback
+    return {"kind": case.kind, "what": case.what, "argv": argv, "exit": code, "traceback": traceback
             or "Traceback (most recent call last)" in output, "files_left": left, "output": output[-300:]}
 
 
-def run_in_process(case: Case, work: Path) -> dict[str, Any]:
+class CaseTimeout(BaseException):
+    """A case ran past its time (a count of 1e29 once hung `tune`): a wrong outcome, not a traceback."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise CaseTimeout
+
+
+def run_in_process(case: Case, work: Path, timeout_s: int = 60) -> dict[str, Any]:
     from typer.testing import CliRunner
 
     from autotuner.cli.app import app
 
     scratch = Path(tempfile.mkdtemp(dir=work))
-    before, env = _prepare(case, scratch)
+    before, env, argv = _prepare(case, scratch)
     os.environ.update(env)
     os.chdir(scratch)
-    result = CliRunner().invoke(app, case.argv)
-    traceback = result.exception is not None and not isinstance(result.exception, SystemExit)
-    return _outcome(case, scratch, before, result.exit_code, result.output, traceback)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout_s)
+    try:
+        result = CliRunner().invoke(app, argv, catch_exceptions=True)
+        code, output = result.exit_code, result.output
+        traceback = result.exception is not None and not isinstance(result.exception, SystemExit)
+    except CaseTimeout:
+        code, output, traceback = None, f"timed out after {timeout_s} s", False
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return _outcome(case, argv, scratch, before, code, output, traceback)
 
 
 def run_subprocess(case: Case, work: Path, timeout_s: float = 60) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(dir=work))
-    before, env = _prepare(case, scratch)
+    before, env, argv = _prepare(case, scratch)
     try:
-        proc = subprocess.run([sys.executable, "-m", "autotuner", *case.argv], cwd=scratch, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "autotuner", *argv], cwd=scratch, capture_output=True,
                               text=True, timeout=timeout_s, env={**os.environ, **env, "PYTHONPATH": str(REPO)})
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
         code, output = None, "timed out"
-    return _outcome(case, scratch, before, code, output, False)
+    return _outcome(case, argv, scratch, before, code, output, False)
 
 
 def _batch(args: tuple[list[Case], str]) -> list[dict[str, Any]]:
@@ -429,8 +447,7 @@ def run_fuzz(work: Path, seed: int = 0, n: int = 1000, http_n: int = 150, worker
             results += batch
     sample = random.Random(seed).sample(cases, min(subprocess_sample, len(cases)))
     for case in sample:  # the CLI as a user runs it must agree with the in-process run
-        sub = run_subprocess(Case(case.kind, case.what, case.files, case.argv[:2] + [a for a in case.argv[2:]
-                                                                                   if a not in ()]), work)
+        sub = run_subprocess(case, work)
         sub["what"] += " (subprocess)"
         results.append(sub)
     results += run_http(work, seed, http_n)

@@ -60,7 +60,8 @@ def _parse_value(raw: str) -> FlagValue:
         except ValueError:
             continue
         # `nan`, `inf` and 400 digits parse as floats, but no vLLM flag means them: bad input, not a number.
-        if isinstance(value, float) and not math.isfinite(value):
+        if (isinstance(value, float) and not math.isfinite(value)) or (isinstance(value, int)
+                                                                       and abs(value) >= 2**63):
             raise UserInputError(f"--set: {quoted(raw, 60)} is not a finite number")
         return value
     return raw
