@@ -47,11 +47,11 @@ SCENARIO: dict[str, Any] = {
 GPU = {"name": "fuzz-gpu", "memory_gib": 24, "bandwidth_gbps": 900, "fp16_tflops": 80, "pcie_gbps": 32,
        "nvlink_gbps": 0}
 MODEL = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512,
-         "vocab_size": 1000, "max_position_embeddings": 512, "torch_dtype": "float16"}
+         "vocab_size": 1000, "max_position_embeddings": 8192, "torch_dtype": "float16"}
 DAEMON = {"scenario": "scenario.yaml", "production": {"endpoint": "http://127.0.0.1:9"},
           "deploy": {"kind": "file", "config_path": "tuned.yaml"},
           "triggers": {"poll_interval_s": 30, "schedule": {"every": "7d"}}, "min_interval_s": "1h",
-          "tune": {"trials": 2, "timeout": "10m", "confirm": "1x1", "soak": "0"}}
+          "tune": {"trials": 2, "timeout": "10m", "confirm": "2x2", "soak": "0"}}
 
 # Values that are wrong for every field of their kind (and the fields of that kind, with the lowest bound).
 NAN, INF = float("nan"), float("inf")
@@ -202,7 +202,7 @@ def model_cases(rng: random.Random) -> list[Case]:
         values = ["x", ["x"], {"a": 1}] if key == "torch_dtype" else [0, -1, "x", True, 1.5, [], NAN, 10**30]
         docs += [(f"{key}={v!r:.30}", json.dumps(_set(MODEL, (key,), v)).encode()) for v in values]
     docs += [("heads > width", json.dumps({**MODEL, "num_attention_heads": 512}).encode()),
-             ("rope factor text", json.dumps({**MODEL, "rope_scaling": {"factor": "x"}}).encode()),
+             ("rope factor text", json.dumps({**MODEL, "rope_scaling": {"type": "linear", "factor": "x"}}).encode()),
              ("text_config list", json.dumps({**MODEL, "text_config": [1]}).encode()),
              ("array", b"[1, 2]"), ("not json", b"{hidden_size: 1"), ("empty", b""), ("binary", b"\xff\x00\xfe"),
              ("deep", b"[" * 100000), ("truncated", json.dumps(MODEL).encode()[:rng.randrange(1, 60)])]
@@ -228,6 +228,9 @@ def daemon_cases(rng: random.Random) -> list[Case]:
         ("max_downtime",): ["0s", "forever"], ("deploy", "kind"): ["nope", 5],
     }.items():
         docs += [(f"{'.'.join(path)}={v!r:.40}", _dump(_set(DAEMON, path, v))) for v in values]
+    for start in ([""], ["", "x"], [" "], [], "systemctl restart vllm", [None], [True]):
+        command = {"kind": "command", "start": start, "stop": ["true"], "config_path": "tuned.yaml"}
+        docs.append((f"deploy.start={start!r}", _dump(_set(DAEMON, ("deploy",), command))))
     docs += _yaml_text_mutations(rng, DAEMON)
     return [Case("daemon", what, {"daemon.yaml": data, "scenario.yaml": _dump(SCENARIO)}, ["daemon", "plan",
                                                                                            "daemon.yaml"])
@@ -253,7 +256,27 @@ def generate(seed: int, n: int) -> list[Case]:
     while len(cases) < n:  # more: the same mutations of another seed's choices (other cuts, junk, commands)
         more = [c for g in (scenario_cases(rng), trace_cases(rng), gpu_cases(rng), daemon_cases(rng)) for c in g]
         cases += rng.sample(more, min(len(more), n - len(cases)))
-    return cases
+    return cases[:n]
+
+
+def base_cases() -> list[Case]:
+    """The unmutated documents each family mutates, run the same way: they must pass (exit 0), else every
+    mutation of that family would be refused for the base's fault and prove nothing."""
+    command = {"kind": "command", "start": ["true"], "stop": ["true"], "config_path": "tuned.yaml"}
+    return [
+        Case("scenario", "base", {"scenario.yaml": _dump(SCENARIO)}, ["doctor", "scenario.yaml"]),
+        Case("set", "base", {"scenario.yaml": _dump(SCENARIO)}, ["measure", "scenario.yaml", "--set",
+                                                                 "max-num-seqs=8"]),
+        Case("gpu", "base", {"scenario.yaml": _dump(_set(SCENARIO, ("engine", "sim", "gpu"), "gpu.yaml")),
+                             "gpu.yaml": _dump(GPU)}, ["doctor", "scenario.yaml"]),
+        Case("model", "base", {"scenario.yaml": _dump(_set(SCENARIO, ("engine", "model"), "model")),
+                               "model/config.json": json.dumps(MODEL).encode()}, ["doctor", "scenario.yaml"]),
+        _trace_case("base", b'{"prompt": "a", "max_tokens": 3, "arrival_s": 0}\n', arrival="trace"),
+        Case("daemon", "base", {"daemon.yaml": _dump(DAEMON), "scenario.yaml": _dump(SCENARIO)},
+             ["daemon", "plan", "daemon.yaml"]),
+        Case("daemon", "base command", {"daemon.yaml": _dump(_set(DAEMON, ("deploy",), command)),
+                                        "scenario.yaml": _dump(SCENARIO)}, ["daemon", "plan", "daemon.yaml"]),
+    ]
 
 
 # --- running -------------------------------------------------------------------------------------------
@@ -438,6 +461,11 @@ def run_fuzz(work: Path, seed: int = 0, n: int = 1000, http_n: int = 150, worker
              subprocess_sample: int = 8) -> dict[str, Any]:
     """The corpus: `n` file and flag cases plus `http_n` requests; the counts (and the failures, to look at)."""
     work.mkdir(parents=True, exist_ok=True)
+    for base in base_cases():
+        outcome = run_in_process(base, work)
+        if outcome["exit"] != 0:
+            raise RuntimeError(f"the fuzz's valid {base.kind} document is refused, so its mutations prove nothing: "
+                               f"{outcome['output']}")
     cases = generate(seed, n - http_n)
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     chunks = [cases[i::workers * 4] for i in range(workers * 4)]
