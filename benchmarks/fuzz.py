@@ -343,6 +343,14 @@ def run_subprocess(case: Case, work: Path, timeout_s: float = 60) -> dict[str, A
     return _outcome(case, argv, scratch, before, code, output, False)
 
 
+def _limit_memory() -> None:
+    """Each worker at most 4 GiB: an input that still made the loader balloon (the alias bomb took 9 GB before
+    its cap) is a MemoryError counted as a traceback, not a machine brought down."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
 def _batch(args: tuple[list[Case], str]) -> list[dict[str, Any]]:
     cases, work = args
     return [run_in_process(c, Path(work)) for c in cases]
@@ -470,7 +478,7 @@ def run_fuzz(work: Path, seed: int = 0, n: int = 1000, http_n: int = 150, worker
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     chunks = [cases[i::workers * 4] for i in range(workers * 4)]
     results: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, initializer=_limit_memory) as pool:
         for batch in pool.map(_batch, [(c, str(work)) for c in chunks]):
             results += batch
     sample = random.Random(seed).sample(cases, min(subprocess_sample, len(cases)))
