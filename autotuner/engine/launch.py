@@ -39,14 +39,12 @@ def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, 
             raise UserInputError(f"--set {item!r}: --{name} is set by the tuner; use the scenario's engine.model, "
                                  "engine.served_model_name or engine.api_key_env")
         spec = vllm.spec(name)
-        try:
-            out[name] = spec.coerce(raw.strip(), f"--set {item}") if spec is not None else _parse_value(raw.strip())
-        except UserInputError as exc:
-            raise UserInputError(str(exc).replace("--set:", f"--set {quoted(item, 60)}:", 1)) from None
+        out[name] = spec.coerce(raw.strip(), f"--set {item}") if spec is not None \
+            else _parse_value(raw.strip(), f"--set {quoted(item, 60)}")
     return out
 
 
-def _parse_value(raw: str) -> FlagValue:
+def _parse_value(raw: str, where: str = "--set") -> FlagValue:
     import math
 
     from autotuner.errors import quoted
@@ -62,7 +60,7 @@ def _parse_value(raw: str) -> FlagValue:
         # `nan`, `inf` and 400 digits parse as floats, but no vLLM flag means them: bad input, not a number.
         if (isinstance(value, float) and not math.isfinite(value)) or (isinstance(value, int)
                                                                        and abs(value) >= 2**63):
-            raise UserInputError(f"--set: {quoted(raw, 60)} is not a finite number")
+            raise UserInputError(f"{where}: {quoted(raw, 60)} is not a finite number")
         return value
     return raw
 
