@@ -32,3 +32,18 @@ class HardwareSpecError(UserInputError):
 
 class InfrastructureError(AutotunerError):
     """Something around the candidate failed (port taken, disk full): retry, do not blame the flags."""
+
+
+QUOTE_LIMIT = 200
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: a user's value can be megabytes (an
+    expanded YAML alias bomb, a 50 MB line), and an error message that size is a denial of service."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} chars)"
+
+
+def shortened(text: str, limit: int = 1000) -> str:
+    """A whole message cut the same way (a validator's message may quote the value itself)."""
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} chars)"

@@ -11,15 +11,68 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from autotuner.errors import UserInputError
+from autotuner.errors import UserInputError, quoted, shortened
+
+# A config file is a page of YAML: 1 MiB is far beyond any real one, and reading a 50 MB file (or worse,
+# /dev/zero) into memory to refuse it later is how a typo becomes a MemoryError.
+MAX_CONFIG_BYTES = 1 << 20
+# Nodes of the document with every alias expanded: an alias bomb of 543 bytes is 10^8 nodes (and a 312 MB
+# error message quoting it). A real scenario has a few hundred.
+MAX_NODES = 100_000
 
 
 class _LineLoader(yaml.SafeLoader):
-    """Keeps each mapping's node so that errors can name the line of the offending key."""
+    """Keeps each mapping's node so that errors can name the line of the offending key; refuses a key given
+    twice (YAML's own rule, which PyYAML does not enforce: the later one silently won)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen and isinstance(key, str | int | float | bool):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {quoted(key)} (lines {seen[key]} and {line}): keep one",
+                        key_node.start_mark)
+                seen.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
 
 
-def read_text(path: Path, error: type[UserInputError], what: str) -> str:
+# YAML 1.2 reads `1e3` and `1e-3` as numbers; PyYAML (YAML 1.1) reads them as text, which the strict models
+# would then refuse as "not a number". The numbers a user means are numbers.
+_LineLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many nodes the document has once aliases are expanded (an alias is the same node object)."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    memo[id(node)] = 1  # a recursive alias counts once here; PyYAML's constructor handles it
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(v, memo) for v in node.value)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
+
+
+def read_text(path: Path, error: type[UserInputError], what: str, limit: int | None = MAX_CONFIG_BYTES) -> str:
+    """The file as UTF-8 text; over `limit` bytes (None: no limit) it is bad input, refused unread."""
     try:
+        if limit is not None:
+            with path.open("rb") as f:
+                data = f.read(limit + 1)
+            if len(data) > limit:
+                raise error(f"{path}: larger than {limit // 1024} KiB: not a {what} (check the path)")
+            return data.decode("utf-8")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
@@ -35,12 +88,15 @@ def compose_yaml(text: str, path: Path, error: type[UserInputError]) -> tuple[An
     """The data and its node tree (for lines); malformed YAML is `error` with the line."""
     try:
         node = yaml.compose(text, Loader=_LineLoader)
+        if node is not None and _expanded_size(node, {}) > MAX_NODES:
+            raise error(f"{path}: more than {MAX_NODES} values once its aliases (*name) are expanded: "
+                        "not a config file (an alias bomb?)")
         data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise error(f"{where}: not valid YAML: {problem}") from None
+        raise error(f"{where}: not valid YAML: {shortened(str(problem), 300)}") from None
     except RecursionError:
         raise error(f"{path}: not valid YAML: nested too deeply") from None
     return data, node
@@ -75,7 +131,7 @@ def describe(error: dict[str, Any]) -> str:
     if kind == "missing":
         return "is required"
     message = str(error["msg"])
-    return message.removeprefix("Value error, ")
+    return shortened(message.removeprefix("Value error, "), 500)
 
 
 def first_error(exc: ValidationError, path: Path, line: Any) -> str:
@@ -88,9 +144,8 @@ def first_error(exc: ValidationError, path: Path, line: Any) -> str:
     more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
     got = first.get("input")
     # The value errors of our validators already say what they got.
-    shown = f", got {got!r}" if isinstance(got, str | int | float) and first["type"] != "value_error" else ""
-    if len(shown) > 120:
-        shown = shown[:117] + "..."
+    shown = f", got {quoted(got, 120)}" if isinstance(got, str | int | float) and first["type"] != "value_error" \
+        else ""
     return f"{where}: {field}: {describe(first)}{shown}{more}"
 
 

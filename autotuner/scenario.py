@@ -27,7 +27,7 @@ from autotuner.catalog.gpus import load_gpu
 from autotuner.catalog.models import load_model
 from autotuner.engine_kinds import KINDS, EngineKind
 from autotuner.env_references import expand, only_references, variables
-from autotuner.errors import ScenarioError
+from autotuner.errors import ScenarioError, UserInputError, quoted
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.secrets import REDACTED, display_url, is_secret_name, remember
 from autotuner.vllm import FlagValue, flag_name
@@ -41,6 +41,12 @@ from autotuner.workload.spec import (
 from autotuner.workload.trace import load_trace
 
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# A variable name as POSIX shells and systemd read it: anything else (`A;rm -rf`, a newline, `A=B`) would be
+# code, not a name, in the `cmd`, `env` and systemd exports.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The scenario's name is a path component ($AUTOTUNER_HOME/logs/NAME, NAME.jsonl): no `/`, no leading `.`
+# (so neither `.` nor `..`), short enough for any filesystem.
+NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$"
 # Flags the tuner owns: a scenario may not fix them (the engine must bind where we say).
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key", "model", "config"})
 
@@ -52,13 +58,22 @@ def _stored(info: ValidationInfo) -> bool:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every number of a scenario drives work (counts, sizes, waits): NaN and infinity are never meant, and
+    # neither is `true` for a number (strict: no bool for an int, no 1e29 float for an int, no "8" string).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+# Upper bounds where a number drives work: far beyond any real deployment, short of a hang.
+DAY_S = 86400.0
+MAX_TOKENS = 10_000_000  # a prompt or output length
+MAX_REQUESTS = 1_000_000
+Seconds = Annotated[float, Field(le=30 * DAY_S)]
 
 
 class SimSettings(_Model):
     gpu: str = "rtx-3090"
-    gpus: int | None = Field(default=None, ge=1)
-    speedup: float = Field(default=10.0, gt=0)
+    gpus: int | None = Field(default=None, ge=1, le=1024)
+    speedup: float = Field(default=10.0, gt=0, le=1e6)
     seed: int = 0
     # Run-to-run coefficient of variation of the simulated engine (sim/noise.py); 0: deterministic.
     noise: float = Field(default=0.03, ge=0, le=0.5)
@@ -71,14 +86,14 @@ class EngineSettings(_Model):
         description="argv prefix before the model: default `vllm serve` (vllm) or the simulator (sim); "
         "`python -m vllm.entrypoints.openai.api_server --model` works too",
     )
-    model: str
-    served_model_name: str | None = None
+    model: str = Field(min_length=1, max_length=4096)
+    served_model_name: str | None = Field(default=None, min_length=1, max_length=1024)
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    gpus: list[Annotated[int, Field(ge=0)]] | None = None
-    startup_timeout_s: float = Field(default=900.0, gt=0)
-    stop_grace_s: float = Field(default=15.0, ge=0)
-    release_timeout_s: float = Field(default=60.0, ge=0)
+    gpus: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(default=None, max_length=1024)
+    startup_timeout_s: Seconds = Field(default=900.0, gt=0)
+    stop_grace_s: Seconds = Field(default=15.0, ge=0)
+    release_timeout_s: Seconds = Field(default=60.0, ge=0)
     api_key_env: str | None = Field(default=None, description="name of the variable holding the API key")
     sim: SimSettings = SimSettings()
 
@@ -106,13 +121,22 @@ class EngineSettings(_Model):
     @field_validator("model")
     @classmethod
     def _model(cls, model: str) -> str:
-        return expand(model)
+        model = expand(model)
+        # A local model is a path: a component over NAME_MAX is ENAMETOOLONG at the first stat().
+        if any(len(part.encode()) > 255 for part in model.split("/")) or "\0" in model:
+            raise ValueError(f"{quoted(model, 60)} is neither a model name nor a path (a part over 255 bytes, "
+                             "or a NUL): give a Hugging Face id, a preset or a local directory")
+        return model
 
     @field_validator("env")
     @classmethod
     def _env(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         """Kept as written: `${VAR}` is looked up at launch (`resolved_env`), so the value never reaches
         the database. Checked here, so that a missing variable is bad input at load."""
+        for key in env:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"variable name {quoted(key, 60)} is not a POSIX name (letters, digits and _, "
+                                 "not starting with a digit)")
         if not _stored(info):
             for key, value in env.items():
                 resolved = expand(str(value))
@@ -152,15 +176,17 @@ class EngineSettings(_Model):
 
 class LengthSettings(_Model):
     kind: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    value: int | None = Field(default=None, ge=1)
-    low: int | None = Field(default=None, ge=1)
-    high: int | None = Field(default=None, ge=1)
-    mean: float | None = Field(default=None, gt=0)
-    stddev: float | None = Field(default=None, ge=0)
-    median: float | None = Field(default=None, gt=0)
-    sigma: float | None = Field(default=None, ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    value: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    low: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    high: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    mean: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
+    stddev: float | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    median: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
+    # exp(sigma) is the spread factor: at 10 one prompt in six is 22,000 times the median already; beyond,
+    # the memory model's exp() overflows.
+    sigma: float | None = Field(default=None, ge=0, le=10)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _complete(self) -> LengthSettings:
@@ -180,7 +206,7 @@ def _length(value: Any) -> Any:
     """`256` is shorthand for a fixed length, `3000-6000` for a uniform one."""
     if isinstance(value, int) and not isinstance(value, bool):
         return {"kind": "fixed", "value": value}
-    if isinstance(value, str) and re.fullmatch(r"\d+-\d+", value):
+    if isinstance(value, str) and re.fullmatch(r"\d{1,9}-\d{1,9}", value):
         lo, hi = value.split("-")
         return {"kind": "uniform", "low": int(lo), "high": int(hi)}
     return value
@@ -188,15 +214,15 @@ def _length(value: Any) -> Any:
 
 class RequestSettings(_Model):
     kind: Literal["synthetic", "trace"] = "synthetic"
-    count: int = Field(default=32, ge=1)
+    count: int = Field(default=32, ge=1, le=MAX_REQUESTS)
     prompt_tokens: LengthSettings = LengthSettings(kind="uniform", low=3000, high=6000)
     output_tokens: LengthSettings = LengthSettings(kind="fixed", value=256)
-    shared_prefix_tokens: int = Field(default=0, ge=0)
+    shared_prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     shared_prefix_fraction: float = Field(default=0.0, ge=0, le=1)
     api: Literal["completions", "chat"] = "completions"
     path: str | None = Field(default=None, description="JSONL trace, relative to the scenario file")
-    include_prompt_tokens: list[Annotated[int, Field(ge=1)]] = Field(
-        default_factory=list,
+    include_prompt_tokens: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(
+        default_factory=list, max_length=MAX_REQUESTS,
         description="prompt lengths replayed first, each once, then the distribution: the first measured "
         "requests (after the warm-up) have exactly these lengths, the rest are drawn from prompt_tokens as "
         "without it; a count smaller than the list grows to hold them all. The daemon sets it to the "
@@ -217,11 +243,11 @@ class RequestSettings(_Model):
 
 class ArrivalSettings(_Model):
     kind: Literal["concurrency", "poisson", "trace", "burst"] = "concurrency"
-    concurrency: int = Field(default=8, ge=1)
-    rate: float | None = Field(default=None, gt=0, description="requests per second (poisson)")
-    time_scale: float = Field(default=1.0, gt=0)
-    burst_size: int | None = Field(default=None, ge=1)
-    burst_interval_s: float | None = Field(default=None, gt=0)
+    concurrency: int = Field(default=8, ge=1, le=100_000)
+    rate: float | None = Field(default=None, gt=0, le=1e6, description="requests per second (poisson)")
+    time_scale: float = Field(default=1.0, gt=0, le=1e6)
+    burst_size: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
+    burst_interval_s: Seconds | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _complete(self) -> ArrivalSettings:
@@ -239,12 +265,12 @@ def _length_spec(settings: LengthSettings) -> LengthDist:
 class WorkloadSettings(_Model):
     requests: RequestSettings = RequestSettings()
     arrivals: ArrivalSettings = ArrivalSettings()
-    warmup_requests: int = Field(default=2, ge=0)
-    max_requests: int | None = Field(default=None, ge=1)
-    max_duration_s: float | None = Field(default=None, gt=0)
-    seed: int = 0
+    warmup_requests: int = Field(default=2, ge=0, le=MAX_REQUESTS)
+    max_requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
+    max_duration_s: Seconds | None = Field(default=None, gt=0)
+    seed: int = Field(default=0, ge=-(2**63), lt=2**63)
     ignore_eos: bool = True
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: Seconds = Field(default=600.0, gt=0)
 
     def to_spec(self, base_dir: Path | None, time_scale: float = 1.0) -> WorkloadSpec:
         r = self.requests
@@ -267,12 +293,12 @@ class MonitorSettings(_Model):
     kind: Literal["nvml", "sim", "host", "auto"] = "auto"
     hz: float = Field(default=100.0, gt=0, le=1000)
     # Other processes' memory per GPU (a desktop on GPU 0) a trial may run beside; above it, busy.
-    foreign_allowance_mib: int = Field(default=1024, ge=0)
+    foreign_allowance_mib: int = Field(default=1024, ge=0, le=2**40)
 
 
 class OomThreshold(_Model):
     fraction: float | None = Field(default=0.97, gt=0, le=1)
-    min_free_mib: int | None = Field(default=None, ge=0)
+    min_free_mib: int | None = Field(default=None, ge=0, le=2**40)
 
     @model_validator(mode="after")
     def _one(self) -> OomThreshold:
@@ -315,12 +341,26 @@ class Objective(_Model):
 
 
 class BudgetSettings(_Model):
-    trials: int = Field(default=30, ge=1)
+    trials: int = Field(default=30, ge=1, le=1_000_000)
     timeout: str | None = Field(default=None, description="e.g. 8h, 90m")
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, timeout: str | None) -> str | None:
+        """Read now: a timeout the tuner cannot read is bad input before the database exists."""
+        if timeout is not None:
+            from autotuner.durations import parse_duration
+
+            try:
+                parse_duration(timeout)
+            except UserInputError as exc:
+                raise ValueError(str(exc)) from None
+        return timeout
 
 
 class Scenario(_Model):
-    name: str = Field(default="scenario", pattern=r"^[\w.-]+$")
+    name: str = Field(default="scenario", pattern=NAME,
+                      description="a file name (logs are kept under it): letters, digits, `_.-`, no leading `.`")
     engine: EngineSettings
     search_space: dict[str, SearchParam] | None = None
     workload: WorkloadSettings = WorkloadSettings()
@@ -331,12 +371,20 @@ class Scenario(_Model):
         Objective(metric="ttft_p95_s", direction="minimize"),
     ], min_length=1)
     # A limit of 0 or below can never be met and the constraints divide by it: refused at load.
-    slos: dict[Metric, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=dict)
+    slos: dict[Metric, Annotated[float, Field(gt=0, le=1e9)]] = Field(default_factory=dict)
     current_config: dict[str, FlagValue] = Field(default_factory=dict,
                                                  description="the flags deployed today, for the baseline")
     budget: BudgetSettings = BudgetSettings()
-    storage: str = "sqlite:///autotuner.db"
+    storage: str = Field(default="sqlite:///autotuner.db", min_length=1, max_length=4096)
     source: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, name: Any) -> Any:
+        if isinstance(name, str) and not re.match(NAME, name):
+            raise ValueError(f"{quoted(name, 60)} cannot name files: use 1-100 letters, digits, `_`, `.` or `-`, "
+                             "not starting with `.` or `-` (the logs are kept under this name)")
+        return name
 
     @field_serializer("storage")
     def _storage_as_stored(self, storage: str) -> str:
@@ -395,6 +443,10 @@ def load_scenario(path: str | Path) -> Scenario:
         # before anything is started or written (each error names its own file and line).
         load_gpu(scenario.sim_gpu())
         load_model(scenario.engine.model)
+    if scenario.workload.requests.kind == "trace" and scenario.engine.kind == "sim-virtual":
+        # Refused at load, not when the runner is built: by then the study database exists.
+        raise ScenarioError(f"{path}:{line_of(node, ('engine', 'kind'))}: engine.kind: sim-virtual takes synthetic "
+                            "workloads only (token counts, no text); replay a trace with kind sim or vllm")
     if scenario.workload.requests.kind == "trace":
         trace = scenario.resolve(scenario.workload.requests.path or "")
         line = line_of(node, ("workload", "requests", "path"))

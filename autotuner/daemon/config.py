@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autotuner.daemon.notify import NotifySettings
 from autotuner.deploy.spec import KINDS, DeploySpec
-from autotuner.errors import UserInputError
+from autotuner.durations import MAX_DURATION_S
+from autotuner.errors import UserInputError, quoted
 from autotuner.filelines import compose_yaml, first_error, line_of, read_text
 from autotuner.scenario import Scenario, load_scenario
 
@@ -30,14 +31,18 @@ _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
 
 
 def duration_s(text: str | float | int) -> float:
-    """`7d`, `2h`, `90m`, `45s`, `1h30m`, or plain seconds."""
+    """`7d`, `2h`, `90m`, `45s`, `1h30m`, or plain seconds (finite, at most a year: 400 digits are a typo)."""
     if isinstance(text, int | float) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"duration {text!r} must be ≥ 0")
-        return float(text)
-    if not isinstance(text, str) or not _DURATION.match(text):
-        raise ValueError(f"duration {text!r}: expected e.g. 7d, 2h, 90m, 45s or 1h30m")
-    return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+        if not text >= 0:  # NaN too
+            raise ValueError(f"duration {quoted(text, 60)} must be ≥ 0")
+        seconds = float(text)
+    elif not isinstance(text, str) or len(text) > 100 or not _DURATION.match(text):
+        raise ValueError(f"duration {quoted(text, 60)}: expected e.g. 7d, 2h, 90m, 45s or 1h30m")
+    else:
+        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+    if not seconds <= MAX_DURATION_S:
+        raise ValueError(f"duration {quoted(text, 60)}: at most 366 days")
+    return seconds
 
 
 _CLOCK = r"(\d{1,2}):(\d{2})(?::(\d{2}))?"
@@ -88,11 +93,12 @@ class Window:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity where a number means an interval or a count (the scenario's rule too).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ProductionSettings(_Model):
-    endpoint: str = Field(pattern=r"^https?://[^/\s]+")
+    endpoint: str = Field(pattern=r"^https?://[^/\s]+(/\S*)?$", max_length=2048)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                                     description="the NAME of the variable holding the API key, never a key")
     log: Path | None = None
@@ -179,7 +185,7 @@ class TuneSettings(_Model):
 
 
 class ListenSettings(_Model):
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     port: int = Field(default=8765, ge=0, le=65535)
     token_env: str = Field(default="AUTOTUNER_DAEMON_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -301,4 +307,22 @@ def load_config(path: str | Path) -> LoadedConfig:
         raise DaemonConfigError(f"{path}:{line_of(node, ('scenario',))}: scenario: no such scenario file "
                                 f"{scenario_path}")
     del storage
+    _check_listen(config.listen, path, line_of(node, ("listen", "host")))
     return LoadedConfig(config, load_scenario(scenario_path))
+
+
+def _check_listen(listen: ListenSettings, path: Path, line: int | None) -> None:
+    """An address this box cannot listen on is bad input now, before the database is opened (the endpoint
+    itself starts after it). Port 0: only the address is tried, the configured port may be busy until the
+    old daemon exits."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(listen.host, 0, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(address)
+    except (OSError, UnicodeError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise DaemonConfigError(f"{path}:{line}: listen.host: cannot listen on {quoted(listen.host, 60)} "
+                                f"({reason}): use an address of this box, e.g. 127.0.0.1") from None

@@ -25,9 +25,13 @@ REDACTED = "***"
 def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, FlagValue]:
     """`--set NAME=VALUE` items: NAME a vLLM long option without dashes; true/false for booleans. A flag
     vLLM's table knows gets its type (`abc` for an integer flag is bad input, before any launch)."""
+    from autotuner.errors import quoted  # imported here: the rest of this module is not this function's
+
     vllm = vllm or knowledge_for(None)
     out: dict[str, FlagValue] = {}
     for item in items:
+        if len(item) > 4096:
+            raise UserInputError(f"--set {quoted(item, 60)}: longer than 4096 characters")
         name, sep, raw = item.partition("=")
         name = flag_name(name.strip())
         if not sep or not name:
@@ -36,19 +40,29 @@ def parse_set(items: list[str], vllm: VllmKnowledge | None = None) -> dict[str, 
             raise UserInputError(f"--set {item!r}: --{name} is set by the tuner; use the scenario's engine.model, "
                                  "engine.served_model_name or engine.api_key_env")
         spec = vllm.spec(name)
-        out[name] = spec.coerce(raw.strip(), f"--set {item}") if spec is not None else _parse_value(raw.strip())
+        out[name] = spec.coerce(raw.strip(), f"--set {item}") if spec is not None \
+            else _parse_value(raw.strip(), f"--set {quoted(item, 60)}")
     return out
 
 
-def _parse_value(raw: str) -> FlagValue:
+def _parse_value(raw: str, where: str = "--set") -> FlagValue:
+    import math
+
+    from autotuner.errors import quoted
+
     lowered = raw.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     for kind in (int, float):
         try:
-            return kind(raw)
+            value = kind(raw)
         except ValueError:
-            pass
+            continue
+        # `nan`, `inf` and 400 digits parse as floats, but no vLLM flag means them: bad input, not a number.
+        if (isinstance(value, float) and not math.isfinite(value)) or (isinstance(value, int)
+                                                                       and abs(value) >= 2**63):
+            raise UserInputError(f"{where}: {quoted(raw, 60)} is not a finite number")
+        return value
     return raw
 
 

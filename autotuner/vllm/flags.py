@@ -10,6 +10,7 @@ scenario fixes; a name not in it is passed to the engine unchecked (vLLM has hun
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -129,7 +130,10 @@ class FlagSpec:
                 return int(value)
             return value if isinstance(value, int) else self.parser(value)  # type: ignore[return-value]
         if self.kind == "float":
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):  # `nan`, `inf`: float() reads them, no flag means them
+                raise ValueError
+            return number
         text = str(value)
         if self.choices and text not in self.choices:
             raise ValueError

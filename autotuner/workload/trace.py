@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autotuner.filelines import read_text
+from autotuner.errors import quoted
 from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import WorkloadError
 
@@ -18,9 +19,8 @@ class TraceError(WorkloadError):
 
 
 def load_trace(path: Path, require_arrival: bool = False) -> list[RequestSpec]:
-    text = read_text(path, TraceError, "trace file")
     out: list[RequestSpec] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -30,6 +30,23 @@ def load_trace(path: Path, require_arrival: bool = False) -> list[RequestSpec]:
     if not out:
         raise TraceError(f"{path}: trace has no requests")
     return out
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines, read as a stream (a trace may be large): split on "\n" only, as JSONL is: U+2028,
+    U+0085 and the other characters `str.splitlines` also splits on are valid inside a JSON string."""
+    try:
+        with path.open(encoding="utf-8", newline="\n") as f:
+            for line in f:
+                yield line.removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def _parse_line(line: str, require_arrival: bool) -> RequestSpec:
@@ -73,5 +90,4 @@ def _check_messages(messages: object) -> None:
 
 
 def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quoted(value, 60)
