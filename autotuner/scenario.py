@@ -96,6 +96,20 @@ class EngineSettings(_Model):
     release_timeout_s: Seconds = Field(default=60.0, ge=0)
     api_key_env: str | None = Field(default=None, description="name of the variable holding the API key")
     sim: SimSettings = SimSettings()
+    # engine.model as the file wrote it when it uses `${VAR}`: looked up at load (the engine needs the
+    # path), stored as written, like engine.env (a value is never stored, and need not exist at export).
+    model_as_written: str | None = Field(default=None, exclude=True, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_model_as_written(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if k != "model_as_written"}  # ours, never the file's
+        model = data.get("model")
+        if isinstance(model, str) and variables(model):
+            data["model_as_written"] = model
+        return data
 
     @field_validator("flags")
     @classmethod
@@ -120,8 +134,13 @@ class EngineSettings(_Model):
 
     @field_validator("model")
     @classmethod
-    def _model(cls, model: str) -> str:
-        model = expand(model)
+    def _model(cls, model: str, info: ValidationInfo) -> str:
+        try:
+            model = expand(model)
+        except ValueError:
+            if not _stored(info):
+                raise
+            # A stored study read where its variable is not set (an export elsewhere): kept as written.
         # A local model is a path: a component over NAME_MAX is ENAMETOOLONG at the first stat().
         if any(len(part.encode()) > 255 for part in model.split("/")) or "\0" in model:
             raise ValueError(f"{quoted(model, 60)} is neither a model name nor a path (a part over 255 bytes, "
@@ -150,6 +169,17 @@ class EngineSettings(_Model):
         if name is not None and not _stored(info):
             remember(os.environ.get(name))
         return name
+
+    @field_serializer("model")
+    def _model_as_stored(self, model: str) -> str:
+        written = self.model_as_written
+        if written is None:
+            return model
+        try:
+            same = expand(written) == model
+        except ValueError:
+            same = written == model
+        return written if same else model  # a model changed since (a model swap): the new one
 
     @field_serializer("env")
     def _env_as_stored(self, env: dict[str, str]) -> dict[str, str]:

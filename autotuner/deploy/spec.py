@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from autotuner.errors import UserInputError
+from autotuner.errors import UserInputError, quoted
 from autotuner.export.atomic import final_target
 
 DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
@@ -43,7 +43,7 @@ class DeploySpecError(UserInputError):
 
 def _argv(value: Any) -> Any:
     if isinstance(value, str):
-        raise ValueError(f"{value!r} is a string; give an argv list instead, e.g. [\"systemctl\", \"restart\", "
+        raise ValueError(f"{quoted(value)} is a string; give an argv list instead, e.g. [\"systemctl\", \"restart\", "
                          "\"vllm\"] (YAML: [a, b, c]): commands run without a shell, so nothing splits or "
                          "expands a string")
     if isinstance(value, list):
@@ -51,7 +51,9 @@ def _argv(value: Any) -> Any:
             raise ValueError("an empty command; give the program and its arguments as a list")
         bad = [v for v in value if not isinstance(v, str | int | float) or isinstance(v, bool)]
         if bad:
-            raise ValueError(f"argv items must be strings; {bad[0]!r} is not")
+            raise ValueError(f"argv items must be strings; {quoted(bad[0])} is not")
+        if not str(value[0]).strip():
+            raise ValueError("the program (the first item) is empty; give its name or path, e.g. [systemctl, ...]")
         return [str(v) for v in value]
     return value
 

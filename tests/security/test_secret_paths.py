@@ -248,3 +248,29 @@ def test_tune_refuses_a_dash_led_served_name_before_writing_anything(tmp_path: P
     assert done.returncode == 2, done.stderr
     assert "engine.served_model_name: '--config=/tmp/x' starts with '-'" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "s.db").exists()
+
+
+# --- item 4: engine.model stored as written ----------------------------------------------------------------
+
+def test_a_model_given_by_variable_is_stored_as_written_and_exports_without_it(tmp_path: Path) -> None:
+    data = yaml.safe_load((REPO / "scenarios" / "quickstart.yaml").read_text())
+    data["engine"].update(kind="sim-virtual", model="${TUNED_MODEL_ID}")
+    data["budget"] = {"trials": 1}
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    db = tmp_path / "s.db"
+    env = {**os.environ, "AUTOTUNER_HOME": str(tmp_path / "home"), "TUNED_MODEL_ID": "llama-2-7b"}
+    done = subprocess.run([sys.executable, "-m", "autotuner", "tune", str(scenario), "--storage", str(db),
+                           "--confirm", "0"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with sqlite3.connect(db) as conn:
+        stored = json.loads(conn.execute("SELECT scenario FROM at_studies").fetchone()[0])
+    assert stored["engine"]["model"] == "${TUNED_MODEL_ID}"
+    # Exported where the variable is not set: the study still reads, and nothing says `***`.
+    env.pop("TUNED_MODEL_ID")
+    out = tmp_path / "vllm.json"
+    done = subprocess.run([sys.executable, "-m", "autotuner", "export", "--storage", str(db), "--format", "json",
+                           "-o", str(out), "--allow-unverified"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "***" not in out.read_text()
