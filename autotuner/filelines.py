@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +66,12 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     return size
 
 
-def read_text(path: Path, error: type[UserInputError], what: str, limit: int | None = MAX_CONFIG_BYTES) -> str:
-    """The file as UTF-8 text; over `limit` bytes (None: no limit) it is bad input, refused unread."""
+@contextmanager
+def reading(path: Path, error: type[UserInputError], what: str) -> Iterator[None]:
+    """A file read inside is bad input when it is missing, a folder, not UTF-8 or unreadable: one message
+    naming the file and what it should have been."""
     try:
-        if limit is not None:
-            with path.open("rb") as f:
-                data = f.read(limit + 1)
-            if len(data) > limit:
-                raise error(f"{path}: larger than {limit // 1024} KiB: not a {what} (check the path)")
-            return data.decode("utf-8")
-        return path.read_text(encoding="utf-8")
+        yield
     except FileNotFoundError:
         raise error(f"{path}: no such {what}") from None
     except IsADirectoryError:
@@ -82,6 +80,18 @@ def read_text(path: Path, error: type[UserInputError], what: str, limit: int | N
         raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_text(path: Path, error: type[UserInputError], what: str, limit: int | None = MAX_CONFIG_BYTES) -> str:
+    """The file as UTF-8 text; over `limit` bytes (None: no limit) it is bad input, refused unread."""
+    with reading(path, error, what):
+        if limit is not None:
+            with path.open("rb") as f:
+                data = f.read(limit + 1)
+            if len(data) > limit:
+                raise error(f"{path}: larger than {limit // 1024} KiB: not a {what} (check the path)")
+            return data.decode("utf-8")
+        return path.read_text(encoding="utf-8")
 
 
 def compose_yaml(text: str, path: Path, error: type[UserInputError]) -> tuple[Any, yaml.Node | None]:

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from autotuner.errors import InfrastructureError
+
 
 def open_lock_file(path: Path, mode: int = 0o644) -> int:
     """The lock file opened read-write (created with `mode` if missing); raises OSError."""
@@ -52,7 +54,7 @@ def try_exclusive(path: Path, mode: int = 0o644) -> int | None:
     return fd
 
 
-class UnsafeLockFileError(OSError):
+class UnsafeLockFileError(InfrastructureError, OSError):
     """A lock file in a shared directory is not a plain file of its own (a symlink, a hard link, a FIFO)."""
 
 

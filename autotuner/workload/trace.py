@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.errors import quoted
+from autotuner.filelines import reading
 from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import WorkloadError
 
@@ -35,18 +36,9 @@ def load_trace(path: Path, require_arrival: bool = False) -> list[RequestSpec]:
 def _lines(path: Path) -> Iterator[str]:
     """The file's lines, read as a stream (a trace may be large): split on "\n" only, as JSONL is: U+2028,
     U+0085 and the other characters `str.splitlines` also splits on are valid inside a JSON string."""
-    try:
-        with path.open(encoding="utf-8", newline="\n") as f:
-            for line in f:
-                yield line.removesuffix("\n").removesuffix("\r")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, not a trace file") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with reading(path, TraceError, "trace file"), path.open(encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line.removesuffix("\n").removesuffix("\r")
 
 
 def _parse_line(line: str, require_arrival: bool) -> RequestSpec:

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "autotuner"
 # Low to high. A room may import rooms of its own layer or of a lower one; never a higher one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("errors", "secrets", "filelines", "filelocks", "durations", "stats", "units", "proc_identity",
-              "env_references", "logs")),
+              "env_references", "logs", "private_files")),
     ("vLLM facts", ("vllm",)),
     ("presets and workloads", ("catalog", "workload")),
     ("schema", ("engine_kinds", "scenario")),
