@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from autotuner.errors import ScenarioError, UserInputError
 from autotuner.export.atomic import write_text_atomic
-from autotuner.export.formats import one_line  # text from an endpoint stays inside its comment
+from autotuner.init.files import daemon_yaml, loads_back, scenario_yaml
 from autotuner.init.lengths import LengthFit, length_from_histogram
 from autotuner.scenario import Scenario
 from autotuner.vllm import FlagValue, Platform, VllmRuleError, knowledge_for
@@ -70,29 +69,15 @@ def run_init(from_cmd: str | None, from_endpoint: str | None, *, api_key_env: st
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     sources = " and ".join(s for s in (from_cmd and "the command line", from_endpoint and from_endpoint) if s)
     # Both texts are checked before either is written: all or nothing.
-    texts = [(scenario_path, _loads_back(_yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.",
-                                               result.check), scenario, scenario_path)),
-             (daemon_path, _loads_back(_daemon_yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
-                                                    f"`autotuner daemon run {daemon_path}`."), daemon, daemon_path))]
+    scenario_text = scenario_yaml(scenario, f"Written by `autotuner init` on {stamp} from {sources}.", result.check)
+    daemon_text = daemon_yaml(daemon, f"Written by `autotuner init` on {stamp}: run it with "
+                              f"`autotuner daemon run {daemon_path}`.")
+    texts = [(scenario_path, loads_back(scenario_text, scenario, scenario_path)),
+             (daemon_path, loads_back(daemon_text, daemon, daemon_path))]
     scenario_path.parent.mkdir(exist_ok=True)  # only now: bad input leaves no trace
     for path, text in texts:
         write_text_atomic(path, text)
     return result
-
-
-def _loads_back(text: str, meant: dict[str, Any], path: Path) -> str:
-    """The file says what was meant and nothing else. What an endpoint says (a model's `root`, its id, its
-    version) is data that lands in values and comments; should any of it still change what the YAML
-    holds, nothing is written."""
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        loaded = exc
-    if loaded != meant:
-        raise UserInputError(f"{path.name}: what the endpoint or command line says would change the file's "
-                             "meaning (a value with line breaks or YAML syntax); nothing written. Check the "
-                             "endpoint's /v1/models answer, or write the scenario by hand")
-    return text
 
 
 def _targets(out: Path, force: bool) -> tuple[Path, Path]:
@@ -370,48 +355,6 @@ def start_argv(cmd: ServeCommand, config_path: Path) -> list[str]:
     return [*argv, "--config", str(config_path)]
 
 
-# Comments written above the daemon config's keys: what each does, where it is not obvious.
-_DAEMON_COMMENTS = {
-    "window": ["Re-tunes start and run only inside this daily window (local time). A production crash or OOM",
-               "outside it is mitigated at once; only the re-tune waits for the window."],
-    "max_downtime": ["The most one cycle may keep production down (tune, confirm, soak and restart): the cycle",
-                     "plans its trials, confirmation and soak to fit, and stops early with the best verified so far."],
-    "approve": ["manual: a cycle stops at `proposed` with its evidence; `autotuner daemon approve CONFIG CYCLE`",
-                "deploys it (or `reject`)."],
-}
-_FILE_TARGET_HINT = [
-    "  # Without stop and start the daemon cannot take production down, so it cannot tune on production's",
-    "  # GPUs; give both (argv lists that run to completion), e.g.:",
-    "  # stop: [systemctl, stop, vllm]",
-    "  # start: [systemctl, start, vllm]",
-]
-
-
-def _daemon_yaml(data: dict[str, Any], title: str) -> str:
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
-    lines: list[str] = []
-    previous = None
-    for line in body.splitlines():
-        if not line.startswith(" "):
-            key = line.split(":", 1)[0]
-            if previous == "deploy" and data["deploy"]["kind"] == "file":
-                lines += _FILE_TARGET_HINT  # at the end of the deploy section
-            lines += [f"# {c}" for c in _DAEMON_COMMENTS.get(key, [])]
-            previous = key
-        lines.append(line)
-    return f"# {one_line(title)}\n" + "\n".join(lines) + "\n"
-
-
 def _name(model: str) -> str:
     base = Path(model.rstrip("/")).name or model
     return re.sub(r"[^\w.-]+", "-", base).strip("-") or "scenario"
-
-
-def _yaml(data: dict[str, Any], title: str, check: list[str]) -> str:
-    head = [f"# {one_line(title)}"]
-    if check:
-        head.append("# Check before running:")
-        head += [f"#  - {one_line(line)}" for line in check]
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
-    return "\n".join(head) + "\n" + body
-
