@@ -26,11 +26,13 @@ SIMULATOR_COMMAND = (sys.executable, "-m", "autotuner.sim", "serve")
 class KindSchema:
     default_command: tuple[str, ...]  # the argv prefix before the model when engine.command is unset
     simulated: bool  # the simulated vLLM: a catalog model on a catalog GPU, not a real engine
+    # Replays a trace's prompts; sim-virtual evaluates token counts in virtual time, never text.
+    replays_traces: bool = True
 
 
 KINDS: Mapping[str, KindSchema] = {
     "vllm": KindSchema(SERVE_COMMAND, simulated=False),
     "sim": KindSchema(SIMULATOR_COMMAND, simulated=True),
-    "sim-virtual": KindSchema(SIMULATOR_COMMAND, simulated=True),
+    "sim-virtual": KindSchema(SIMULATOR_COMMAND, simulated=True, replays_traces=False),
 }
 assert tuple(KINDS) == ENGINE_KINDS

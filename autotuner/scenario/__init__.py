@@ -318,10 +318,11 @@ def load_scenario(path: str | Path) -> Scenario:
         # before anything is started or written (each error names its own file and line).
         load_gpu(scenario.sim_gpu())
         load_model(scenario.engine.model)
-    if scenario.workload.requests.kind == "trace" and scenario.engine.kind == "sim-virtual":
+    if scenario.workload.requests.kind == "trace" and not KINDS[scenario.engine.kind].replays_traces:
         # Refused at load, not when the runner is built: by then the study database exists.
-        raise ScenarioError(f"{path}:{line_of(node, ('engine', 'kind'))}: engine.kind: sim-virtual takes synthetic "
-                            "workloads only (token counts, no text); replay a trace with kind sim or vllm")
+        raise ScenarioError(f"{path}:{line_of(node, ('engine', 'kind'))}: engine.kind: {scenario.engine.kind} "
+                            "takes synthetic workloads only (token counts, no text); replay a trace with kind sim "
+                            "or vllm")
     if scenario.workload.requests.kind == "trace":
         trace = scenario.resolve(scenario.workload.requests.path or "")
         line = line_of(node, ("workload", "requests", "path"))

@@ -61,7 +61,7 @@ def test_export_refuses_what_was_not_confirmed_and_soaked(tmp_path: Path) -> Non
     # Confirmed but not soaked: still refused, naming only the soak.
     t.trust(top=2, repeats=2, soak_s=0)
     with pytest.raises(UserInputError) as err:
-        run_export(t.storage, None, [], "knee", "json", out, force=False)
+        run_export(t.storage, None, [], "knee", "json", tmp_path / "v2.json", force=False)
     assert "soak" in str(err.value) and "autotuner confirm" not in str(err.value)
 
 
