@@ -94,6 +94,16 @@ def read_text(path: Path, error: type[UserInputError], what: str, limit: int | N
         return path.read_text(encoding="utf-8")
 
 
+def load_mapping(path: Path, error: type[UserInputError], what: str,
+                 shape: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A config file's top-level mapping and its node tree (for lines); `shape` says what the mapping holds
+    when the file is something else (a list, a bare value)."""
+    data, node = compose_yaml(read_text(path, error, what), path, error)
+    if not isinstance(data, dict):
+        raise error(f"{path}:1: (top level): {shape}")
+    return data, node
+
+
 def compose_yaml(text: str, path: Path, error: type[UserInputError]) -> tuple[Any, yaml.Node | None]:
     """The data and its node tree (for lines); malformed YAML is `error` with the line."""
     try:

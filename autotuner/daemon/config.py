@@ -17,7 +17,7 @@ from autotuner.daemon.notify import NotifySettings
 from autotuner.deploy.spec import KINDS, DeploySpec
 from autotuner.durations import MAX_DURATION_S
 from autotuner.errors import UserInputError, quoted
-from autotuner.filelines import compose_yaml, first_error, line_of, read_text
+from autotuner.filelines import first_error, line_of, load_mapping
 from autotuner.scenario import Scenario, load_scenario
 
 
@@ -283,11 +283,8 @@ class LoadedConfig:
 def load_config(path: str | Path) -> LoadedConfig:
     """The config and its scenario, both validated; DaemonConfigError (or ScenarioError) otherwise."""
     path = Path(path)
-    text = read_text(path, DaemonConfigError, "daemon config file")
-    data, node = compose_yaml(text, path, DaemonConfigError)
-    if not isinstance(data, dict):
-        raise DaemonConfigError(f"{path}:1: (top level): a daemon config is a mapping with at least scenario, "
-                                "production and deploy")
+    data, node = load_mapping(path, DaemonConfigError, "daemon config file",
+                              "a daemon config is a mapping with at least scenario, production and deploy")
     try:
         # Relative paths of the deploy section are relative to this file, as the scenario's are.
         config = DaemonConfig.model_validate({**data, "source": path.resolve()},

@@ -22,7 +22,7 @@ from autotuner.catalog.gpus import load_gpu
 from autotuner.catalog.models import load_model
 from autotuner.engine_kinds import KINDS
 from autotuner.errors import ScenarioError, UserInputError, quoted
-from autotuner.filelines import compose_yaml, first_error, line_of, read_text
+from autotuner.filelines import first_error, line_of, load_mapping
 from autotuner.scenario.engine import EngineSettings, SimSettings
 from autotuner.scenario.fields import (
     DAY_S,
@@ -301,11 +301,8 @@ def _model_from_scenario_folder(scenario: Scenario) -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    text = read_text(path, ScenarioError, "scenario file")
-    data, node = compose_yaml(text, path, ScenarioError)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}:1: (top level): a scenario is a mapping with at least "
-                            "`engine: {model: ...}`")
+    data, node = load_mapping(path, ScenarioError, "scenario file",
+                              "a scenario is a mapping with at least `engine: {model: ...}`")
     try:
         scenario = Scenario.model_validate({**data, "source": path.resolve()})
     except ValidationError as exc:
