@@ -323,6 +323,8 @@ def run_in_process(case: Case, work: Path, timeout_s: int = 60) -> dict[str, Any
         result = CliRunner().invoke(app, argv, catch_exceptions=True)
         code, output = result.exit_code, result.output
         traceback = result.exception is not None and not isinstance(result.exception, SystemExit)
+        if traceback:
+            output += f"\n{type(result.exception).__name__}: {result.exception}"
     except CaseTimeout:
         code, output, traceback = None, f"timed out after {timeout_s} s", False
     finally:
