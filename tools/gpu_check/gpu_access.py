@@ -47,6 +47,23 @@ def wait_idle(monitor: Any, rec: Recorder, timeout_s: float = 20.0) -> None:
     rec.set("idle_wait", {"idle": idle, "seconds": time.perf_counter() - t, "used_bytes": monitor.sample()[0]})
 
 
+def settled_sample(monitor: Any, still_s: float = 0.6, timeout_s: float = 3.0) -> int:
+    """GPU 0's used bytes once unchanged for `still_s`: memory just handed back (`empty_cache`) reaches the
+    driver's figure a little later (the simulated driver: 0.5 s), and a baseline read before then hides the
+    next run's rise under the last one's pool."""
+    deadline = time.perf_counter() + timeout_s
+    last = monitor.sample()[0]
+    since = time.perf_counter()
+    while time.perf_counter() < deadline:
+        time.sleep(0.05)
+        now = monitor.sample()[0]
+        if now != last:
+            last, since = now, time.perf_counter()
+        elif time.perf_counter() - since >= still_s:
+            break
+    return last
+
+
 def attempt(fn: Callable[[], Any]) -> Any:
     """fn's value, or {"error": ...}: a query the driver refuses (process lists in some containers)
     is a finding, not the end of the step."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from tools.gpu_check.config import CheckConfig
 from tools.gpu_check.device import DeviceOutOfMemoryError
-from tools.gpu_check.gpu_access import attempt, open_device, open_nvml, wait_idle
+from tools.gpu_check.gpu_access import attempt, open_device, open_nvml, settled_sample, wait_idle
 from tools.gpu_check.prefill import schedule_chunks
 from tools.gpu_check.records import Recorder
 
@@ -86,7 +86,7 @@ def step_wall(config: CheckConfig, rec: Recorder, deadline: float) -> None:
                 steps = schedule_chunks(config.prompts, budget)
                 gpu.empty_cache()
                 alloc0, res0 = gpu.memory()
-                nvml0 = monitor.sample()[0]
+                nvml0 = settled_sample(monitor)
                 gpu.reset_peak()
                 sampler = Sampler(monitor, hz=200.0)
                 sampler.start()
