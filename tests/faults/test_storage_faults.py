@@ -49,10 +49,10 @@ def _serving_engines(fault_dir: Path) -> set[str]:
 
 
 def _fill(root: Path) -> None:
-    with open(root / "filler", "wb") as f, contextlib.suppress(OSError):
+    # Unbuffered: a buffered file that hit ENOSPC raises it again from close(), outside the suppress.
+    with open(root / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
         while True:
             f.write(b"\0" * 65536)
-            f.flush()
 
 
 def _assert_consistent(db: Path) -> None:
