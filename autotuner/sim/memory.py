@@ -133,7 +133,8 @@ def runtime_step_bytes(config: EngineConfig, num_tokens: int) -> int:
     profiled activation for those tokens plus what the profile never charged."""
     per_token = activation_bytes_per_token(config)
     heads = max(1, config.model.num_heads // config.tensor_parallel_size)
-    unprofiled = int(UNPROFILED_PER_PROFILED * per_token) + heads * FA2_LSE_BYTES_PER_HEAD_TOKEN
+    scale = config.sim.gpu.deviation.transient_scale  # a box file's deviation; 1 on presets
+    unprofiled = int(UNPROFILED_PER_PROFILED * scale * per_token) + heads * FA2_LSE_BYTES_PER_HEAD_TOKEN
     return num_tokens * (per_token + unprofiled)
 
 
@@ -141,6 +142,11 @@ def activation_bytes_per_token(config: EngineConfig) -> int:
     m = config.model
     tp = config.tensor_parallel_size
     return m.dtype_bytes * (2 * m.hidden_size + 3 * m.intermediate_size // tp)
+
+
+def extra_non_torch_bytes(config: EngineConfig) -> int:
+    """Non-torch memory a box file adds beyond the simulator's (its deviation; 0 on presets)."""
+    return int(config.sim.gpu.deviation.non_torch_gib * GIB)
 
 
 def sampler_bytes(config: EngineConfig, rows: int) -> int:
@@ -163,7 +169,7 @@ def plan_startup(config: EngineConfig, used_by_others: int = 0) -> MemoryPlan:
     tp = config.tensor_parallel_size
     offloaded = config.offload_bytes + config.prefetch_bytes
     weights = config.model.weight_bytes // tp - config.freed_bytes
-    non_torch = NCCL_BUFFER_BYTES if tp > 1 else SINGLE_GPU_NON_TORCH_BYTES
+    non_torch = (NCCL_BUFFER_BYTES if tp > 1 else SINGLE_GPU_NON_TORCH_BYTES) + extra_non_torch_bytes(config)
     if used_by_others + CUDA_CONTEXT_BYTES + weights + non_torch > total:
         raise StartupError(
             "ValueError: Failed to load model - not enough GPU memory. Try lowering "

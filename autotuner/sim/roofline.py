@@ -30,6 +30,9 @@ The tensor throughput of a GPU preset is its dense fp16/bf16 rate with fp32 accu
 PyTorch's GEMMs use: on GeForce cards that is half the datasheet's fp16-accumulate figure (RTX 3090
 71 not 142, RTX 4090 165 not 330 TFLOP/s).
 
+A box file's deviation (catalog.gpus.BoxDeviation) scales the bandwidth and the compute rates, sets
+the step overhead, and shapes the linear layers' compute rate by the step's tokens; presets have none.
+
 Calibration: the published vLLM runs of benchmarks/data/published_runs.yaml (benchmarks/sim_accuracy.py
 prints the error per row) and the facts note §3/§5 (offload cost, #22692's TP8 offload throughput);
 `tests/sim/test_calibration.py` pins the field reports. Each constant says where it comes from.
@@ -94,11 +97,13 @@ class Roofline:
         gpu = config.sim.gpu
         model = config.model
         tp = config.tensor_parallel_size
-        self._bw = MEMORY_EFFICIENCY * gpu.bandwidth_gbps * 1e9
+        self._deviation = dev = gpu.deviation
+        self._bw = MEMORY_EFFICIENCY * dev.bandwidth_efficiency * gpu.bandwidth_gbps * 1e9
         self._linear_flops = gpu.fp16_tflops * 1e12 * LINEAR_MFU
         self._fill_tokens = GEMM_FILL_OUTPUTS / (model.hidden_size / tp)
         self._small_tokens = GEMM_SMALL_STEP_FRACTION * self._fill_tokens
-        self._attn_flops = gpu.fp16_tflops * 1e12 * ATTENTION_MFU
+        self._attn_flops = gpu.fp16_tflops * 1e12 * ATTENTION_MFU * dev.compute_efficiency
+        self._overhead = STEP_OVERHEAD_S if dev.step_overhead_s is None else dev.step_overhead_s
         # Weights streamed from HBM: prefetched layers are read from their GPU buffers like any other.
         self._weights = max(0, model.streamed_bytes // tp - config.offload_bytes)
         self._token_params = model.token_params / tp
@@ -122,7 +127,8 @@ class Roofline:
         t = shape.num_tokens
         ramp = (t + self._small_tokens) / (t + self._fill_tokens)
         flops = 2 * (self._token_params * t + self._head_params * min(shape.num_requests, t))
-        linear = max(self._weights / self._bw, flops / (self._linear_flops * ramp))
+        rate = self._linear_flops * ramp * self._deviation.compute_factor(t)
+        linear = max(self._weights / self._bw, flops / rate)
         attention = max(
             shape.kv_tokens_read * self._kv_per_token / self._bw,
             self._attn_flops_per_pair * shape.attention_pairs / self._attn_flops,
@@ -130,4 +136,4 @@ class Roofline:
         allreduce = self._num_allreduce * (self._ar_latency + t * self._ar_bytes_per_token / self._link)
         gpu = max(linear + attention + self._offload_s + allreduce, self._prefetch_s) + self._prefetch_sync_s
         launches = self._eager_launch if self._always_eager or t > self._graph_tokens else 0.0
-        return max(gpu, launches) + STEP_OVERHEAD_S + PER_REQUEST_OVERHEAD_S * shape.num_requests
+        return max(gpu, launches) + self._overhead + PER_REQUEST_OVERHEAD_S * shape.num_requests
