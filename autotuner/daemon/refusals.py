@@ -19,6 +19,7 @@ from autotuner.daemon.state import _dump, _load, metadata
 from autotuner.store.db import Store
 
 START, VERIFY, OOM, REJECTED = "start", "verify", "oom", "rejected"
+_STRENGTH = {START: 0, VERIFY: 1, OOM: 2, REJECTED: 2}
 
 refusals = sa.Table(
     "at_daemon_refusals", metadata,
@@ -56,13 +57,18 @@ class Refusals:
                cycle_id: int | None = None) -> None:
         key, now = flags_key(flags), time.time()
         with self.engine.begin() as conn:
-            row = conn.execute(sa.select(refusals.c.id, refusals.c.count).where(
+            row = conn.execute(sa.select(refusals.c.id, refusals.c.count, refusals.c.kind).where(
                 refusals.c.deployment == self.deployment, refusals.c.fingerprint == fingerprint,
                 refusals.c.flags_key == key)).first()
             if row is None:
                 conn.execute(refusals.insert().values(
                     deployment=self.deployment, fingerprint=fingerprint, flags_key=key, flags=_dump(flags),
                     kind=kind, reason=reason[:2000], count=1, cycle_id=cycle_id, first_at=now, last_at=now))
+            elif _STRENGTH[kind] < _STRENGTH.get(row.kind, 0):
+                # An OOM in production or a person's no outranks a later failed start (a busy GPU, a slow box):
+                # the stronger answer is the one the operator must see.
+                conn.execute(refusals.update().where(refusals.c.id == row.id).values(
+                    count=row.count + 1, last_at=now))
             else:
                 conn.execute(refusals.update().where(refusals.c.id == row.id).values(
                     kind=kind, reason=reason[:2000], count=row.count + 1, cycle_id=cycle_id, last_at=now))

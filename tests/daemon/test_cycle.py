@@ -266,7 +266,7 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     mitigation = json.loads(next(e for e in _rows(d.root, events) if e["kind"] == "mitigation")["detail"])
     assert mitigation["mitigation"]["max-num-batched-tokens"] < initial["max-num-batched-tokens"], mitigation
     assert json.loads(cycle["previous_flags"]) == mitigation["mitigation"]
-    assert status["refused"][0]["kind"] == "oom" and status["refused"][0]["flags"] == initial
+    assert [r["kind"] for r in status["refused"] if r["flags"] == initial] == ["oom"], status["refused"]
     previous = d.root / "config.yaml.previous"
     assert not previous.exists() or yaml.safe_load(previous.read_text()) != initial
     assert cycle["outcome"] == "deployed", cycle

@@ -68,6 +68,10 @@ def test_refusals_count_per_fingerprint_and_failures_back_off(tmp_path: Path) ->
     refusals.record("fp1", dict(reversed(list(flags.items()))), "verify", "verify failed")  # same flags
     r = refusals.refused("fp1", flags)
     assert r is not None and r.count == 2 and r.kind == "verify"
+    refusals.record("fp1", flags, "oom", "CUDA out of memory")
+    refusals.record("fp1", flags, "start", "GPUs busy")  # a later failed start does not hide the OOM
+    r = refusals.refused("fp1", flags)
+    assert r is not None and r.count == 4 and (r.kind, r.reason) == ("oom", "CUDA out of memory")
     assert refusals.refused("fp2", flags) is None  # another box or workload
     assert refusals.total() == 1
     assert [backoff_s(3600, n) for n in range(4)] == [3600, 7200, 14400, 28800]
