@@ -14,6 +14,7 @@ from autotuner.cli.results import export, report, status
 from autotuner.cli.simulator import PASSTHROUGH, sim_evaluate, sim_hold, sim_serve
 from autotuner.cli.trust import confirm, soak
 from autotuner.cli.tune import TUNE_EPILOG, tune
+from autotuner.cli.twin import twin
 
 app = typer.Typer(
     name="autotuner",
@@ -45,6 +46,7 @@ app.command()(soak)
 app.command()(status)
 app.command()(export)
 app.command()(report)
+app.command()(twin)
 app.command()(version)
 
 app.add_typer(sim_app, name="sim")

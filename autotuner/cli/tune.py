@@ -51,6 +51,9 @@ def tune(
                                  "this long (engine time; 0 skips)"),
     gpu_groups: str = typer.Option("auto", "--gpu-groups", help="trials side by side on disjoint GPU groups when "
                                    "one needs fewer GPUs than the box has: auto (as many as fit), N, or off"),
+    twin: bool = typer.Option(False, "--twin/--no-twin", help="twin-first: after the baseline, search a simulator "
+                              "calibrated on this box's trials and measure only its finalists (GPUs the simulator "
+                              "has a preset for, synthetic workloads; `autotuner twin` shows it)"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.
 
@@ -85,7 +88,7 @@ def tune(
         store = Store(storage or sc.storage)
         runner = runner_for(sc, logs)
         tuner = Tuner(sc, runner, store, study_name=study, n_trials=trials, timeout_s=timeout_s, seed=seed,
-                      warm_start=warm_start, gpu_groups=groups)
+                      warm_start=warm_start, gpu_groups=groups, twin=twin)
     log_to_file(tuner.study_name, quiet)
     view = live_view(tuner, log_format, quiet)
 
@@ -119,9 +122,13 @@ def print_summary(s: TuneSummary, storage: str = DEFAULT_STORAGE) -> None:
         state = f"stopped: {s.stopped_reason}"
     else:
         state = {"timeout": "done (time budget ran out)",
-                 "space-exhausted": "done (no candidate left worth launching)"}.get(s.ended, "done")
+                 "space-exhausted": "done (no candidate left worth launching)",
+                 "twin-converged": "done (the twin's finalists measured as it predicted, nothing better predicted)",
+                 }.get(s.ended, "done")
     typer.echo(f"study {s.study_name}: {state}, {s.trials_done}/{s.trials_budget} trials, "
                f"{s.oom_trials} hit OOM, sampler {s.sampler}")
+    if s.twin:
+        typer.echo(s.twin)
     if s.gpu_groups:
         typer.echo(f"trials side by side on {len(s.gpu_groups)} GPU groups: " + " | ".join(s.gpu_groups))
     if s.baseline is not None:

@@ -146,6 +146,9 @@ class TuneSettings(_Model):
     confirm: str = "3x3"
     soak: str = "10m"
     policy: str = "knee"
+    # Twin-first search (autotuner.twin): the cycle measures the calibrated twin's finalists, so a re-tune
+    # drains production for fewer engine runs.
+    twin: bool = False
 
     @field_validator("timeout", "soak", mode="before")
     @classmethod

@@ -232,7 +232,7 @@ class CycleDriver:
         warm = cycle.warm_start if cycle.warm_start and cycle.warm_start != name else None
         interrupt = Interrupt(self.stopping)
         tuner = Tuner(scenario, runner, self.store, study_name=name, n_trials=self.config.tune.trials,
-                      timeout_s=self._tune_time(cycle), warm_start=warm)
+                      timeout_s=self._tune_time(cycle), warm_start=warm, twin=self.config.tune.twin)
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
         try:

@@ -46,6 +46,7 @@ class TrialKind(StrEnum):
     SEARCH = "search"  # the sampler's candidate
     REPAIRED = "repaired"  # the nearest config the memory model lets through, in a ruled-out search's place
     PROBE = "probe"  # placed by the memory model to learn the wall
+    TWIN = "twin"  # a finalist of the calibrated twin's search (autotuner.twin)
     CONFIRM = "confirm"  # a re-measurement of a candidate (trust)
     SOAK = "soak"  # the chosen candidate under the worst workload (trust)
 
@@ -54,7 +55,7 @@ class TrialKind(StrEnum):
 TRUST_KINDS = (TrialKind.CONFIRM, TrialKind.SOAK)
 # Candidates the memory model may rule out before launch (the baseline, the user's own config and warm
 # starts are measured whatever it says: they are references).
-SCREENED = (TrialKind.SEARCH, TrialKind.REPAIRED)
+SCREENED = (TrialKind.SEARCH, TrialKind.REPAIRED, TrialKind.TWIN)
 # The memory wall was hit: the threshold tripped, or CUDA ran out.
 OOM_OUTCOMES = (Outcome.OOM_THRESHOLD, Outcome.OOM_CRASH)
 # The engine never served: nothing measured but that it did not start.

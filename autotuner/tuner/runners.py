@@ -13,9 +13,11 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from autotuner.backends import SIM_VIRTUAL, Backend, backend_for
+from autotuner.catalog.gpus import GpuSpec
 from autotuner.engine.classify import clean_reason
 from autotuner.engine.registry import EngineRegistry
 from autotuner.errors import ScenarioError
@@ -94,7 +96,7 @@ def on_gpus(scenario: Scenario, gpus: Sequence[int]) -> Scenario:
 class VirtualRunner(TrialRunner):
     """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
 
-    def __init__(self, scenario: Scenario, first_run: int = 0) -> None:
+    def __init__(self, scenario: Scenario, first_run: int = 0, gpu: GpuSpec | None = None) -> None:
         if scenario.workload.requests.kind != "synthetic":
             raise ScenarioError(f"{scenario.source or 'scenario'}: engine.kind sim-virtual takes synthetic "
                                 "workloads only (token counts, no text); replay a trace with kind sim or vllm")
@@ -104,6 +106,7 @@ class VirtualRunner(TrialRunner):
         # Each evaluation is another run of the simulated engine (another noise draw), like each
         # engine launch on a real box; `first_run` lets a caller start on fresh draws.
         self.runs = first_run
+        self.gpu = gpu  # the GPU as given (the twin's calibrated preset) instead of engine.sim.gpu's
 
     def study_key(self) -> StudyKey:
         return backend_study_key(SIM_VIRTUAL, self.scenario)
@@ -146,6 +149,8 @@ class VirtualRunner(TrialRunner):
         result = TrialResult(Outcome.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
             config = build_config(parse_args(argv), self.scenario.engine.resolved_env())
+            if self.gpu is not None:
+                config = replace(config, sim=replace(config.sim, gpu=self.gpu))
         except VllmArgError as exc:
             result.outcome = Outcome.INVALID_FLAGS
             result.reason = clean_reason(exc.message.splitlines()[-1])
@@ -166,7 +171,8 @@ class VirtualRunner(TrialRunner):
         total = int(ev.memory["total_bytes"])  # type: ignore[call-overload]
         result.memory = {"peak_bytes": peaks, "total_bytes": [total] * len(peaks),
                          "peak_fraction": ev.memory["peak_fraction"], "samples": 0, "sample_hz": None,
-                         "devices": list(config.gpu_indices), "timeline": []}
+                         "devices": list(config.gpu_indices), "timeline": [],
+                         "steady_bytes": ev.memory["steady_bytes"]}
         result.metrics = {k: ev.metrics.get(k) for k in (
             "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p90_s",
             "ttft_p95_s", "ttft_p99_s", "tpot_p50_s", "itl_p99_s", "e2e_p95_s", "completed", "failed", "duration_s")}

@@ -25,8 +25,10 @@ MAX_WARM_STARTS = 8
 
 
 def seed_trials(study: optuna.Study, *, scenario: Scenario, space: Space, rules: FlagRules, store: Store,
-                study_name: str, created: bool, warm_start: str | None, storage: RDBStorage) -> None:
-    """Trial 0 is the baseline (vLLM's defaults for this GPU), then the user's current config."""
+                study_name: str, created: bool, warm_start: str | None, storage: RDBStorage,
+                warm_configs: bool = True) -> None:
+    """Trial 0 is the baseline (vLLM's defaults for this GPU), then the user's current config, then
+    (`warm_configs`) the warm start's best configs."""
     trials = study.get_trials(deepcopy=False)
     if not created and not store.is_sqlite and not trials:
         # A shared study: the worker that created it seeds it, unless it died doing so long ago.
@@ -40,7 +42,8 @@ def seed_trials(study: optuna.Study, *, scenario: Scenario, space: Space, rules:
     if scenario.current_config and TrialKind.CURRENT not in kinds:
         study.enqueue_trial(space.clamp(scenario.current_config), user_attrs={"kind": TrialKind.CURRENT})
     if warm_start and TrialKind.WARM_START not in kinds:
-        for flags in warm_start_configs(warm_start, storage, store.url):
+        configs = warm_start_configs(warm_start, storage, store.url)  # a wrong name is refused either way
+        for flags in configs if warm_configs else []:
             study.enqueue_trial(space.clamp(flags), user_attrs={"kind": TrialKind.WARM_START})
 
 

@@ -39,13 +39,16 @@ from autotuner.tuner.memory_model import MemoryModel
 from autotuner.tuner.memory_warm_start import warm_started
 from autotuner.tuner.recording import TrialRecorder
 from autotuner.tuner.recovery import recover
-from autotuner.tuner.runners import TrialRunner
+from autotuner.tuner.runners import TrialRunner, VirtualRunner
 from autotuner.tuner.screening import Screening
 from autotuner.tuner.seeding import seed_trials
 from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_free
 from autotuner.tuner.study_lock import StudyLock
 from autotuner.tuner.study_setup import open_study, study_name_for
 from autotuner.tuner.tune_summary import TuneSummary, group_labels, summarize
+from autotuner.twin.guide import TwinGuide
+from autotuner.twin.params import PRIOR
+from autotuner.twin.warm import warm_prior
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +59,7 @@ class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
                  on_event: Event | None = None, warm_start: str | None = None, prune: bool = True,
-                 gpu_groups: str | int = AUTO) -> None:
+                 gpu_groups: str | int = AUTO, twin: bool = False) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -76,6 +79,7 @@ class Tuner:
         self._signalled = False
         self._measuring: set[asyncio.Future[TrialResult]] = set()
         self.gpu_groups = gpu_groups
+        self.use_twin = twin  # twin-first search where the study has a twin (autotuner.twin)
         self.groups: list[GpuGroup] = []
         self._study_lock = asyncio.Lock()  # one ask or tell at a time (the sampler sees every RUNNING trial)
 
@@ -102,9 +106,12 @@ class Tuner:
         self.groups = plan_groups(self.scenario, self.gpu_groups)
         study, sampler = self._open_study()
         requeued = recover(study, self._opened.storage, self.store, self.study_name)
+        self.guide = self._twin()
+        # With a twin, a warm start is the box's calibration (the twin's prior), not the old model's configs:
+        # its first finalist is already predicted for the new model on this box.
         seed_trials(study, scenario=self.scenario, space=self.space, rules=self.rules, store=self.store,
                     study_name=self.study_name, created=self._opened.created, warm_start=self.warm_start,
-                    storage=self._opened.storage)
+                    storage=self._opened.storage, warm_configs=not self.guide.active)
         labels = group_labels(self.groups)
         log.info("tune.started", study=self.study_name, sampler=sampler, trials=self.n_trials,
                  requeued=requeued, storage=display_url(self.store.url), gpu_groups=labels)
@@ -125,7 +132,14 @@ class Tuner:
 
     def _summary(self, study: optuna.Study, sampler: str, ended: str) -> TuneSummary:
         return summarize(study, self.space, study_name=self.study_name, n_trials=self.n_trials, sampler=sampler,
-                         ended=ended, stopped_reason=self.breaker.tripped, groups=self.groups)
+                         ended=ended, stopped_reason=self.breaker.tripped, groups=self.groups,
+                         twin=self.guide.describe())
+
+    def _twin(self) -> TwinGuide:
+        """The study's twin, its prior the box calibration of the warm start's study when there is one."""
+        prior = warm_prior(self.store, self.warm_start, VirtualRunner) if self.warm_start and self.use_twin else PRIOR
+        return TwinGuide.for_study(self.scenario, self.space, self.store, self.study_name, self.key.gpu_inventory,
+                                   VirtualRunner, enabled=self.use_twin, prior=prior)
 
     def _learn_wall(self) -> MemoryModel:
         # The memory model learns from every measured trial so far (a resumed study starts where it was).
@@ -146,7 +160,7 @@ class Tuner:
         while True:
             while slots.free() and not self._stop.is_set():
                 done = len(launched_trials(study))
-                why = budget.why_end(done + len(running))
+                why = budget.why_end(done + len(running)) or await self._twin_next(study)
                 if why is not None:
                     ended = why
                     break
@@ -170,12 +184,20 @@ class Tuner:
             raise error
         return ended
 
+    async def _twin_next(self, study: optuna.Study) -> str | None:
+        """The twin queues its next finalist (a few seconds of CPU, off the event loop), or ends the search."""
+        if not self.guide.active:
+            return None
+        async with self._study_lock:
+            return await asyncio.to_thread(self.guide.next, study)
+
     async def _one(self, study: optuna.Study, done: int, group: GpuGroup, slots: GroupSlots,
                    in_flight: int = 0) -> tuple[bool, bool]:
         """One candidate on one GPU group (`done` engine runs finished, `in_flight` others started);
         returns (interrupted, launched)."""
         async with self._study_lock:
-            self.screening.probe_wall(study)
+            if not self.guide.active:  # the twin places the first trials after the baseline itself
+                self.screening.probe_wall(study)
             # Off the event loop: a sampler's ask may take a second, and the trials running beside
             # this one must not stall meanwhile (their TTFT would grow).
             trial = await asyncio.to_thread(study.ask, self.space.distributions)

@@ -29,8 +29,9 @@ class TuneSummary:
     baseline: dict[str, Any] | None = None
     sampler: str = ""
     stopped_reason: str | None = None  # the circuit breaker stopped the run, and why
-    ended: str = "budget"  # budget | timeout | space-exhausted | interrupted | stopped
+    ended: str = "budget"  # budget | timeout | space-exhausted | twin-converged | interrupted | stopped
     gpu_groups: list[str] = field(default_factory=list)  # trials side by side: each group's GPUs
+    twin: str = ""  # what the calibrated twin did (autotuner.twin), or why there was none
 
     @property
     def exit_code(self) -> int:
@@ -45,7 +46,7 @@ def group_labels(groups: list[GpuGroup]) -> list[str]:
 
 
 def summarize(study: optuna.Study, space: Space, *, study_name: str, n_trials: int, sampler: str, ended: str,
-              stopped_reason: str | None, groups: list[GpuGroup]) -> TuneSummary:
+              stopped_reason: str | None, groups: list[GpuGroup], twin: str = "") -> TuneSummary:
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     ooms = sum(1 for t in complete if t.user_attrs.get("outcome") in OOM_OUTCOMES)
     best = [{"number": t.number, "values": t.values, "params": space.to_flags(t.params)}
@@ -54,7 +55,7 @@ def summarize(study: optuna.Study, space: Space, *, study_name: str, n_trials: i
                      for t in complete if t.user_attrs.get("kind") == TrialKind.BASELINE), None)
     summary = TuneSummary(study_name, len(launched_trials(study)), n_trials, ooms, ended == "interrupted", best,
                           baseline, sampler, stopped_reason if ended == "stopped" else None, ended,
-                          group_labels(groups))
+                          group_labels(groups), twin)
     log.info("tune.finished", study=study_name, trials=summary.trials_done, oom_trials=ooms,
              not_launched=len(complete) - summary.trials_done,
              pareto=len(best), ended=ended, stopped_reason=summary.stopped_reason)

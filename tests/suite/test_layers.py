@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("parts", ("trials", "store", "monitor", "sim", "engine")),
     ("engine kinds", ("backends",)),
     ("analysis", ("analysis",)),
+    ("twin", ("twin",)),
     ("search", ("tuner",)),
     ("trust", ("trust",)),
     ("rollout", ("export", "deploy", "preflight", "verify", "watch", "init")),

@@ -1,0 +1,8 @@
+"""The twin: the simulator configured as this study's box, calibrated on what the box measured.
+
+It answers "what would this config do here?" in a fraction of a second, so the tuner searches it over
+the whole space and spends engine runs only on the candidates it ranks best (twin-first search),
+recalibrating after each. Modules: what the twin simulates (box.py), the box parameters it fits and
+their priors (params.py), the fit (calibrate.py), the search over it (search.py), and the tuner's use
+of it (guide.py).
+"""

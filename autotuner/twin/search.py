@@ -1,0 +1,217 @@
+"""Searching the twin: the whole space on a coarse grid, then finer around the best, every point
+predicted by the calibrated twin in virtual time.
+
+A candidate is feasible when the twin says it serves within the SLOs and its predicted memory peak
+stays under the OOM threshold by `PEAK_MARGIN_SIGMAS` times the calibration's peak uncertainty (the
+measured peaks' spread around the twin's, plus what the transient scale's interval moves): a wrong
+memory guess costs an OOM engine run, a cautious one a few percent of throughput. Ranked by the
+scenario's first objective.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import optuna
+
+from autotuner.scenario import Scenario
+from autotuner.trials.result import TrialResult
+from autotuner.trials.scoring import constraints_of, feasible, threshold_of
+from autotuner.twin.box import TwinBox
+from autotuner.twin.calibrate import Calibration
+
+
+class SearchSpace(Protocol):
+    """The tuner's search space as the twin uses it (tuner.space.Space)."""
+
+    distributions: dict[str, optuna.distributions.BaseDistribution]
+
+    def to_flags(self, params: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def clamp(self, flags: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+PEAK_MARGIN_SIGMAS = 2.0
+COARSE_POINTS = {"int-log": 8, "int": 6, "float": 6}
+MAX_COARSE = 96
+REFINE_TOP = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    params: dict[str, Any]  # Optuna params of the space
+    flags: dict[str, Any]
+    result: TrialResult
+    value: float | None  # the first objective, predicted (None: does not serve)
+    feasible: bool
+    margin_bytes: float  # predicted room under the OOM limit, after the uncertainty margin
+    violation: float = 0.0  # how far from feasible (the largest constraint; 1 past the memory margin)
+
+    @property
+    def key(self) -> str:
+        return key_of(self.params)
+
+
+def key_of(params: Mapping[str, Any]) -> str:
+    """The same point whichever way it was written (Optuna's stored floats, the grid's)."""
+    def text(v: Any) -> str:
+        return f"{float(v):.6g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+    return "|".join(f"{k}={text(params[k])}" for k in sorted(params))
+
+
+def _values(dist: optuna.distributions.BaseDistribution, n: int) -> list[Any]:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return list(dist.choices)
+    lo, hi = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
+    if hi <= lo:
+        return [dist.low]  # type: ignore[attr-defined]
+    log = bool(getattr(dist, "log", False))
+    raw = [math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / (n - 1)) if log else lo + (hi - lo) * i / (n - 1)
+           for i in range(n)]
+    return sorted({_snap(dist, v) for v in raw})
+
+
+def _snap(dist: optuna.distributions.BaseDistribution, value: float) -> Any:
+    """`value` on the distribution's grid and in its range."""
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value
+    lo, hi = dist.low, dist.high  # type: ignore[attr-defined]
+    step = getattr(dist, "step", None)
+    value = min(hi, max(lo, value))
+    if step:
+        value = lo + round((value - lo) / step) * step
+        value = min(hi, max(lo, value))
+    if isinstance(dist, optuna.distributions.IntDistribution):
+        return round(value)
+    return round(float(value), 6)
+
+
+def coarse_grid(space: SearchSpace) -> list[dict[str, Any]]:
+    kinds = {}
+    for name, dist in space.distributions.items():
+        if isinstance(dist, optuna.distributions.IntDistribution):
+            kinds[name] = "int-log" if dist.log else "int"
+        else:
+            kinds[name] = "float"
+    counts = {name: COARSE_POINTS.get(kind, 6) for name, kind in kinds.items()}
+    while True:
+        axes = {name: _values(dist, counts[name]) for name, dist in space.distributions.items()}
+        size = math.prod(len(v) for v in axes.values())
+        shrinkable = [n for n in counts if counts[n] > 3 and len(axes[n]) > 3]
+        if size <= MAX_COARSE or not shrinkable:
+            break
+        counts[max(shrinkable, key=lambda n: counts[n])] -= 1
+    grid: list[dict[str, Any]] = [{}]
+    for name, values in axes.items():
+        grid = [{**g, name: v} for g in grid for v in values]
+    return grid
+
+
+def neighbours(space: SearchSpace, params: Mapping[str, Any], fraction: float) -> list[dict[str, Any]]:
+    """One step either way along each axis: `fraction` of the axis (in log for log axes)."""
+    out = []
+    for name, dist in space.distributions.items():
+        if isinstance(dist, optuna.distributions.CategoricalDistribution) or name not in params:
+            continue
+        lo, hi, v = float(dist.low), float(dist.high), float(params[name])  # type: ignore[attr-defined]
+        if hi <= lo:
+            continue
+        for sign in (-1, 1):
+            if getattr(dist, "log", False) and v > 0:
+                moved = math.exp(math.log(v) + sign * fraction * (math.log(hi) - math.log(lo)))
+            else:
+                moved = v + sign * max(fraction * (hi - lo), float(getattr(dist, "step", 0) or 0))
+            snapped = _snap(dist, moved)
+            if snapped != params[name]:
+                out.append({**params, name: snapped})
+    return out
+
+
+class TwinSearch:
+    """Predictions of one calibration, memoised (a search asks the same point from several centres)."""
+
+    def __init__(self, box: TwinBox, scenario: Scenario, space: SearchSpace, calibration: Calibration) -> None:
+        self.box = box
+        self.scenario = scenario
+        self.space = space
+        self.calibration = calibration
+        self.objective = scenario.objectives[0]
+        self.threshold = threshold_of(scenario)
+        self._seen: dict[str, Candidate] = {}
+        p = calibration.params.transient_scale
+        self._transient_sigma = (p.high - p.low) / (2 * 1.96)
+
+    def predict(self, params: Mapping[str, Any]) -> Candidate:
+        key = key_of(params)
+        if key not in self._seen:
+            flags = self.space.to_flags(params)
+            result = self.box.predict(flags, self.calibration.params)
+            self._seen[key] = self._judge(dict(params), flags, result)
+        return self._seen[key]
+
+    def _judge(self, params: dict[str, Any], flags: dict[str, Any], result: TrialResult) -> Candidate:
+        bias = self.calibration.bias
+        if bias and result.metrics:
+            result = replace(result, metrics={k: v * bias.get(k, 1.0) if isinstance(v, int | float) else v
+                                              for k, v in result.metrics.items()})
+        value = result.metrics.get(self.objective.metric)
+        constraints = constraints_of(result, self.scenario)
+        ok = feasible(constraints) and isinstance(value, int | float)
+        violation = max(0.0, *constraints.values())
+        margin = math.inf
+        peaks, totals = result.memory.get("peak_bytes"), result.memory.get("total_bytes")
+        if isinstance(peaks, list) and peaks and isinstance(totals, list) and totals:
+            total = int(max(totals))
+            peak = float(max(peaks))
+            scale = max(1e-9, self.calibration.params.transient_scale.value)
+            # What the transient scale's interval moves, in bytes: the transient share of this peak.
+            steady = result.memory.get("steady_bytes")
+            transient_share = max(0.0, peak - float(steady)) if isinstance(steady, int | float) else 0.1 * peak
+            sigma = math.hypot(self.calibration.peak_sigma_bytes, transient_share / scale * self._transient_sigma)
+            margin = self.threshold.limit_bytes(total) - peak - PEAK_MARGIN_SIGMAS * sigma
+            ok = ok and margin >= 0
+        if margin < 0:
+            violation = max(violation, 1.0)
+        return Candidate(params, flags, result, float(value) if isinstance(value, int | float) else None, ok, margin,
+                         violation)
+
+    def better(self, a: Candidate, b: Candidate) -> bool:
+        if a.value is None or b.value is None:
+            return a.value is not None
+        return a.value > b.value if self.objective.direction == "maximize" else a.value < b.value
+
+    def ranked(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+        sign = -1.0 if self.objective.direction == "maximize" else 1.0
+        pool = [c for c in candidates if c.feasible and c.value is not None]
+        return sorted(pool, key=lambda c: sign * (c.value or 0.0))
+
+    def nearest_feasible(self, exclude: set[str]) -> Candidate | None:
+        """When the twin predicts nothing feasible: the serving candidate that misses its SLO by least
+        (within the memory margin), best by the objective among near ties. Measuring it tells the twin
+        where the edge really is."""
+        pool = [c for c in self._seen.values() if c.key not in exclude and c.value is not None
+                and c.margin_bytes >= 0 and c.violation < 1.0]
+        if not pool:
+            return None
+        least = min(c.violation for c in pool)
+        near = [c for c in pool if c.violation <= least + 0.02]
+        return self.ranked_any(near)[0]
+
+    def ranked_any(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+        sign = -1.0 if self.objective.direction == "maximize" else 1.0
+        return sorted((c for c in candidates if c.value is not None), key=lambda c: sign * (c.value or 0.0))
+
+    def run(self, extra: Iterable[Mapping[str, Any]] = ()) -> list[Candidate]:
+        """Coarse grid (plus `extra` points: those measured), then two rounds of refinement around the
+        best; the feasible candidates, best first."""
+        for params in [*coarse_grid(self.space), *extra]:
+            self.predict(params)
+        for fraction, top in ((1 / 14, REFINE_TOP), (1 / 28, 1)):
+            for c in self.ranked(self._seen.values())[:top]:
+                for params in neighbours(self.space, c.params, fraction):
+                    self.predict(params)
+        return self.ranked(self._seen.values())

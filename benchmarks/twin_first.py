@@ -1,0 +1,351 @@
+"""Twin-first search against today's tuner and auto_tune.sh's walk, on boxes that deviate from their
+presets (printed, not asserted).
+
+    .venv/bin/python benchmarks/twin_first.py [--seeds 5] [--runs 12] [--jobs 2] [--boxes ...]
+
+Each box is a GPU description file (catalog.gpus.BoxDeviation) that makes the simulated card run unlike
+its preset, the way a real box does: slower kernels, slower memory, a slower host, more non-torch
+memory, a larger transient, and on one box an efficiency that falls with the step's tokens (a curve no
+scalar fits). The twin always starts from the preset and learns the box from the trials; the box file is
+the ground truth it is judged against.
+
+- oracle: noise-free on the perturbed box, the dense grid of sample_efficiency.py (10 log budgets ×
+  utilization every 0.03 × offloads) refined around its three best feasible points.
+- twin / tuner: the real `Tuner` with and without the twin, engine runs in virtual time with the
+  simulator's 3 % run-to-run noise (a fresh noise stream per seed); one study of `--runs` engine runs,
+  the scores at fewer runs are its first N. The pick at N is the best *measured* SLO-feasible run among
+  the first N, scored by its noise-free throughput on the box / the oracle's (not its lucky draw).
+- walk: vLLM's auto_tune.sh (utilization from the top down with the largest budget until it starts,
+  then budgets ascending), noise-free: generous to it.
+- OOM runs: launched engine runs that hit the memory wall, per study (at `--runs`).
+- starts to a verified winner: the engine runs until the study's final pick was first measured (the
+  twin: until it converged or its pick was measured), plus what the trust phase adds today (DEFAULT_TOP
+  candidates × DEFAULT_REPEATS confirmations + 1 soak).
+- swap: the 4090 box's study of llama-3-8b, then mistral-7b on the same box, twin-first warm-started
+  from the first study (its box calibration) against cold: engine runs to reach 0.97 of mistral's oracle.
+
+Last line: the worst box's medians for twin and tuner, the best box's for the walk, then the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import structlog
+import yaml
+from optuna.trial import TrialState
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sample_efficiency import (
+    CACHE_DIR,
+    Evaluator,
+    Point,
+    coarse_keys,
+    key_of,
+    llama3_8b_4090,
+    offload_13b_4090,
+    quickstart,
+    refine_keys,
+    run_walk,
+)
+
+from autotuner.catalog.gpus import GPU_PRESETS
+from autotuner.scenario import Scenario
+from autotuner.store.db import Store
+from autotuner.trials.outcomes import OOM_OUTCOMES
+from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
+from autotuner.tuner.runners import VirtualRunner
+from autotuner.tuner.study import Tuner
+
+BOX_DIR = CACHE_DIR / "boxes"
+TRUST_STARTS = DEFAULT_TOP * DEFAULT_REPEATS + 1
+
+
+@dataclass(frozen=True)
+class Box:
+    name: str
+    preset: str
+    deviation: dict[str, Any]
+    scenario: Callable[[], Scenario]
+    gpus: int | None = None  # a different count than the case's
+
+
+def _tp2_3090() -> Scenario:
+    sc = quickstart()
+    data = sc.model_dump(mode="json", exclude_none=True)
+    data["name"] = "llama2-13b-tp2-3090"
+    data["engine"]["flags"] = {**data["engine"]["flags"], "tensor-parallel-size": 2}
+    data["engine"]["sim"]["gpus"] = 2
+    data["workload"]["requests"]["count"] = 12
+    data["workload"]["arrivals"] = {"kind": "concurrency", "concurrency": 4}
+    data["slos"] = {"ttft_p95_s": 20.0}
+    return Scenario.model_validate(data)
+
+
+def _h100() -> Scenario:
+    sc = llama3_8b_4090()
+    data = sc.model_dump(mode="json", exclude_none=True)
+    data["name"] = "llama3-8b-h100"
+    data["slos"] = {"ttft_p95_s": 3.0}
+    return Scenario.model_validate(data)
+
+
+def _mistral_4090() -> Scenario:
+    sc = llama3_8b_4090()
+    data = sc.model_dump(mode="json", exclude_none=True)
+    data["name"] = "mistral-7b-rtx4090"
+    data["engine"]["model"] = "mistral-7b"
+    return Scenario.model_validate(data)
+
+
+BOXES: list[Box] = [
+    Box("3090-tp8", "rtx-3090", {"compute_efficiency": 0.85, "bandwidth_efficiency": 0.9, "step_overhead_s": 0.005,
+                                 "non_torch_gib": 0.4, "transient_scale": 1.3}, quickstart),
+    Box("3090-tp2", "rtx-3090", {"bandwidth_efficiency": 0.85, "step_overhead_s": 0.006, "non_torch_gib": 0.3,
+                                 "transient_scale": 0.8}, _tp2_3090),
+    Box("4090-tp1", "rtx-4090", {"compute_efficiency": 0.8, "bandwidth_efficiency": 0.92, "non_torch_gib": 0.6,
+                                 "transient_scale": 1.5}, llama3_8b_4090),
+    Box("h100-tp1", "h100-80gb", {"compute_efficiency": 0.7, "bandwidth_efficiency": 0.8, "step_overhead_s": 0.004,
+                                  "non_torch_gib": 1.0}, _h100),
+    Box("4090-offload", "rtx-4090", {"compute_efficiency": 0.9, "non_torch_gib": 0.5, "transient_scale": 1.2},
+        offload_13b_4090),
+    Box("4090-curve", "rtx-4090", {"non_torch_gib": 0.3, "efficiency_by_tokens": [[64, 1.0], [512, 0.95],
+                                                                                   [2048, 0.7], [8192, 0.45]]},
+        llama3_8b_4090),
+]
+SWAP_BOX = Box("4090-swap", "rtx-4090", BOXES[2].deviation, _mistral_4090)
+
+
+def box_file(box: Box) -> str:
+    """The box's GPU description file, named by its content (the oracle's cache key follows it)."""
+    p = GPU_PRESETS[box.preset]
+    data = {"name": f"{box.preset}-box", "product_name": p.product_name, "memory_gib": p.memory_gib,
+            "bandwidth_gbps": p.bandwidth_gbps, "fp16_tflops": p.fp16_tflops, "pcie_gbps": p.pcie_gbps,
+            "nvlink_gbps": p.nvlink_gbps, **box.deviation}
+    text = yaml.safe_dump(data, sort_keys=True)
+    path = BOX_DIR / f"{box.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    if not path.is_file():
+        BOX_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
+def on_box(box: Box, noise: float | None = None) -> Scenario:
+    data = box.scenario().model_dump(mode="json", exclude_none=True)
+    data["engine"]["sim"]["gpu"] = box_file(box)
+    if noise is not None:
+        data["engine"]["sim"]["noise"] = noise
+    return Scenario.model_validate(data)
+
+
+# --- one study -----------------------------------------------------------------------------------
+
+@dataclass
+class Study:
+    keys: list[str]  # engine runs, in order (budget|util|offload)
+    measured: list[Point]  # what each run measured (noisy)
+    twin_ended: str  # "" or the summary's twin line
+    converged_at: int | None  # engine runs when the twin said it was done
+
+
+def _quiet() -> None:
+    logging.disable(logging.WARNING)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: Box | None = None) -> Study:
+    _quiet()
+    store = Store(f"sqlite:///{tmp}/{box.name}-s{seed}-t{int(twin)}-w{int(warm_from is not None)}.db")
+    warm = None
+    if warm_from is not None:
+        first = on_box(warm_from)
+        old = Tuner(first, VirtualRunner(first, first_run=10_000 * seed + 5_000), store, n_trials=8, seed=seed,
+                    twin=True)
+        asyncio.run(old.run())
+        warm = old.study_name
+    scenario = on_box(box)
+    tuner = Tuner(scenario, VirtualRunner(scenario, first_run=10_000 * seed), store, n_trials=runs, seed=seed,
+                  twin=twin, warm_start=warm)
+    summary = asyncio.run(tuner.run())
+    study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
+    done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    launched = [t for t in done if t.user_attrs.get("launched", True)]
+    keys = [key_of(scenario_flags(t.params)) for t in launched]
+    measured = [Point(str(t.user_attrs.get("outcome")), bool(t.user_attrs.get("feasible")),
+                      t.user_attrs.get("metric:output_tokens_per_s"), t.user_attrs.get("metric:ttft_p95_s"))
+                for t in launched]
+    converged = len(launched) if summary.ended == "twin-converged" else None
+    return Study(keys, measured, summary.twin, converged)
+
+
+def scenario_flags(params: dict[str, Any]) -> dict[str, Any]:
+    return {"max-num-batched-tokens": params["max-num-batched-tokens"],
+            "gpu-memory-utilization": params["gpu-memory-utilization"],
+            "cpu-offload-gb": params.get("cpu-offload-gb", 0.0)}
+
+
+def pick_at(study: Study, n: int) -> str | None:
+    """The best measured SLO-feasible run among the first n (what the tuner would call best)."""
+    runs = [(k, p) for k, p in zip(study.keys[:n], study.measured[:n], strict=True) if p.feasible and p.throughput]
+    return max(runs, key=lambda kp: kp[1].throughput or 0.0)[0] if runs else None
+
+
+def true_score(ev: Evaluator, key: str | None, oracle: float) -> float:
+    if key is None:
+        return 0.0
+    p = ev(_flags(key))
+    return (p.throughput or 0.0) / oracle if p.feasible else 0.0
+
+
+def _flags(key: str) -> dict[str, Any]:
+    b, u, o = key.split("|")
+    return {"max-num-batched-tokens": int(b), "gpu-memory-utilization": float(u), "cpu-offload-gb": float(o)}
+
+
+def oracle_of(box: Box, ev: Evaluator) -> tuple[float, str]:
+    scenario = ev.scenario
+    keys = coarse_keys(scenario)
+    ev.many(keys, 1)
+    top = sorted((k for k in keys if ev.points[k].feasible), key=lambda k: -(ev.points[k].throughput or 0.0))[:3]
+    keys += refine_keys(scenario, top)
+    ev.many(keys, 1)
+    ev.save()
+    best = max((k for k in keys if ev.points[k].feasible), key=lambda k: ev.points[k].throughput or 0.0)
+    return ev.points[best].throughput or 0.0, best
+
+
+def _box_job(box: Box, seeds: list[int], runs: int, tmp: str) -> dict[str, Any]:
+    _quiet()
+    ev = Evaluator(f"twin-{box.name}", on_box(box, noise=0.0))
+    oracle, best = oracle_of(box, ev)
+    out: dict[str, Any] = {"oracle": oracle, "oracle_key": best, "twin": [], "tuner": []}
+    for seed in seeds:
+        for method in ("twin", "tuner"):
+            t0 = time.perf_counter()
+            s = run_study(box, seed, runs, method == "twin", tmp)
+            out[method].append({"keys": s.keys, "measured": [(p.outcome, p.feasible, p.throughput, p.ttft)
+                                                             for p in s.measured],
+                                "twin": s.twin_ended, "converged_at": s.converged_at,
+                                "wall_s": time.perf_counter() - t0})
+    walk = run_walk(ev.scenario, ev, runs)
+    out["walk"] = max(((p.throughput or 0.0) / oracle for p in walk if p.feasible), default=0.0)
+    # Every pick scored noise-free (the evaluator caches).
+    for method in ("twin", "tuner"):
+        for rec in out[method]:
+            s = Study(rec["keys"], [Point(*m) for m in rec["measured"]], rec["twin"], rec["converged_at"])
+            rec["scores"] = {n: true_score(ev, pick_at(s, n), oracle) for n in range(1, runs + 1)}
+            rec["ooms"] = sum(m[0] in OOM_OUTCOMES for m in rec["measured"])
+            final = pick_at(s, len(s.keys))
+            first = s.keys.index(final) + 1 if final else len(s.keys)
+            rec["search_starts"] = max(first, rec["converged_at"] or 0) if method == "twin" else first
+    ev.save()
+    return out
+
+
+def _swap_job(seeds: list[int], runs: int, tmp: str) -> dict[str, Any]:
+    _quiet()
+    ev = Evaluator(f"twin-{SWAP_BOX.name}", on_box(SWAP_BOX, noise=0.0))
+    oracle, _ = oracle_of(SWAP_BOX, ev)
+    out: dict[str, list[int]] = {"warm": [], "cold": []}
+    for seed in seeds:
+        for how in ("warm", "cold"):
+            s = run_study(SWAP_BOX, seed, runs, True, tmp, warm_from=BOXES[2] if how == "warm" else None)
+            reached = next((n for n in range(1, len(s.keys) + 1)
+                            if true_score(ev, pick_at(s, n), oracle) >= 0.97), runs + 1)
+            out[how].append(reached)
+    ev.save()
+    return out
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--boxes", nargs="+", default=[b.name for b in BOXES], choices=[b.name for b in BOXES])
+    parser.add_argument("--no-swap", action="store_true")
+    args = parser.parse_args()
+    _quiet()
+    t0 = time.perf_counter()
+    seeds = list(range(args.seeds))
+    boxes = [b for b in BOXES if b.name in args.boxes]
+    at = (4, 6, 8, 12)
+    with tempfile.TemporaryDirectory(prefix="twin-first-") as tmp, ProcessPoolExecutor(args.jobs) as pool:
+        swap = None if args.no_swap else pool.submit(_swap_job, seeds, args.runs, tmp)
+        results = dict(zip([b.name for b in boxes],
+                           pool.map(_box_job, boxes, [seeds] * len(boxes), [args.runs] * len(boxes),
+                                    [tmp] * len(boxes)), strict=True))
+        swapped = swap.result() if swap is not None else None
+
+    rows: dict[str, dict[str, float]] = {}
+    for name, r in results.items():
+        row: dict[str, float] = {}
+        print(f"\n== {name}: oracle {r['oracle']:.1f} tok/s at {r['oracle_key']} (budget|util|offload)")
+        for method in ("twin", "tuner"):
+            recs = r[method]
+            for n in at:
+                if n <= args.runs:
+                    row[f"{method}@{n}"] = med([rec["scores"][min(n, len(rec["keys"]))] if rec["keys"] else 0.0
+                                                for rec in recs])
+            row[f"{method}_oom"] = med([rec["ooms"] for rec in recs])
+            row[f"{method}_starts"] = med([rec["search_starts"] + TRUST_STARTS for rec in recs])
+            scores = " ".join(f"@{n}={row[f'{method}@{n}']:.3f}" for n in at if n <= args.runs)
+            print(f"{method:6s} {scores}  oom_runs={row[f'{method}_oom']:.1f}  starts_to_verified="
+                  f"{row[f'{method}_starts']:.0f}  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
+            if method == "twin":
+                for rec in recs:
+                    print(f"       {rec['twin']}")
+        row["walk@12"] = r["walk"]
+        print(f"walk   @{args.runs}={r['walk']:.3f}")
+        rows[name] = row
+
+    def worst(key: str) -> float:
+        return min(row.get(key, float("nan")) for row in rows.values())
+
+    best_walk = max(row["walk@12"] for row in rows.values())
+    swap_warm = med(swapped["warm"]) if swapped else float("nan")
+    if swapped:
+        print(f"\n== swap llama-3-8b → mistral-7b on {SWAP_BOX.name}: runs to 0.97 of the new oracle, warm "
+              f"{swapped['warm']} cold {swapped['cold']} (median {swap_warm:g} vs {med(swapped['cold']):g})")
+    print("\nper box: " + "; ".join(f"{n} twin@6={r['twin@6']:.3f} tuner@6={r['tuner@6']:.3f}"
+                                     for n, r in rows.items()))
+    print(f"total {time.perf_counter() - t0:.0f} s, {args.seeds} seeds x {len(rows)} boxes, {args.runs} runs")
+    print(f"twin@4={worst('twin@4'):.3f} twin@6={worst('twin@6'):.3f} tuner@6={worst('tuner@6'):.3f} "
+          f"twin@12={worst('twin@12'):.3f} tuner@12={worst('tuner@12'):.3f} walk@12={best_walk:.3f} "
+          f"oom_runs_per_study={max(r['twin_oom'] for r in rows.values()):.1f} "
+          f"starts_to_verified={max(r['twin_starts'] for r in rows.values()):.0f} "
+          f"starts_to_verified_today={max(r['tuner_starts'] for r in rows.values()):.0f} "
+          f"swap_runs_to_097={swap_warm:g} twin_err_p50={twin_error(results):.3f}")
+
+
+def twin_error(results: dict[str, Any]) -> float:
+    """The median over studies of the twin's finalists' error p50, read from its summary line."""
+    errs = []
+    for r in results.values():
+        for rec in r["twin"]:
+            line = rec["twin"]
+            if "error p50 " in line:
+                errs.append(float(line.split("error p50 ")[1].split("%")[0]) / 100)
+    return med(errs)
+
+
+if __name__ == "__main__":
+    main()
