@@ -80,35 +80,39 @@ class Box:
     preset: str
     deviation: dict[str, Any]
     scenario: Callable[[], Scenario]
-    gpus: int | None = None  # a different count than the case's
+
+
+def _variant(base: Callable[[], Scenario], name: str, **changes: Any) -> Scenario:
+    """`base`'s scenario renamed, with top-level sections or `engine.` keys replaced."""
+    data = base().model_dump(mode="json", exclude_none=True)
+    data["name"] = name
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section][field] = value
+        else:
+            data[section] = value
+    return Scenario.model_validate(data)
 
 
 def _tp2_3090() -> Scenario:
     sc = quickstart()
-    data = sc.model_dump(mode="json", exclude_none=True)
-    data["name"] = "llama2-13b-tp2-3090"
-    data["engine"]["flags"] = {**data["engine"]["flags"], "tensor-parallel-size": 2}
-    data["engine"]["sim"]["gpus"] = 2
-    data["workload"]["requests"]["count"] = 12
-    data["workload"]["arrivals"] = {"kind": "concurrency", "concurrency": 4}
-    data["slos"] = {"ttft_p95_s": 20.0}
-    return Scenario.model_validate(data)
+    return _variant(quickstart, "llama2-13b-tp2-3090",
+                    engine__flags={**sc.engine.flags, "tensor-parallel-size": 2},
+                    engine__sim={**sc.engine.sim.model_dump(mode="json", exclude_none=True), "gpus": 2},
+                    workload={**sc.workload.model_dump(mode="json", exclude_none=True),
+                              "requests": {**sc.workload.requests.model_dump(mode="json", exclude_none=True),
+                                           "count": 12},
+                              "arrivals": {"kind": "concurrency", "concurrency": 4}},
+                    slos={"ttft_p95_s": 20.0})
 
 
 def _h100() -> Scenario:
-    sc = llama3_8b_4090()
-    data = sc.model_dump(mode="json", exclude_none=True)
-    data["name"] = "llama3-8b-h100"
-    data["slos"] = {"ttft_p95_s": 3.0}
-    return Scenario.model_validate(data)
+    return _variant(llama3_8b_4090, "llama3-8b-h100", slos={"ttft_p95_s": 3.0})
 
 
 def _mistral_4090() -> Scenario:
-    sc = llama3_8b_4090()
-    data = sc.model_dump(mode="json", exclude_none=True)
-    data["name"] = "mistral-7b-rtx4090"
-    data["engine"]["model"] = "mistral-7b"
-    return Scenario.model_validate(data)
+    return _variant(llama3_8b_4090, "mistral-7b-rtx4090", engine__model="mistral-7b")
 
 
 BOXES: list[Box] = [
