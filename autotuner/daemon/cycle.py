@@ -56,6 +56,7 @@ from autotuner.daemon.state import (
 )
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.errors import AutotunerError, UserInputError
+from autotuner.fleet.coordinator import ADOPT_TRIGGER, CERTIFICATE, FLAGS, STUDY, WARM_START, Fleet
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.verify import Verdict, verify
@@ -112,6 +113,7 @@ class CycleContext:
     runtime: RuntimeStore
     notify: Callable[[str, str, dict[str, Any]], None]
     own_traffic: Callable[[float, float], None]
+    fleet: Fleet | None = None
 
 
 class CycleDriver:
@@ -162,7 +164,14 @@ class CycleDriver:
         return self.states.transition(cycle, DONE, {"reason": STOP_REASON}, outcome=SKIPPED, reason=STOP_REASON)
 
     # --- steps -------------------------------------------------------------------------------------
+    def _adopts(self, cycle: Cycle) -> bool:
+        """The group's winner, tuned on an identical box: deployed and verified here, never re-tuned."""
+        return cycle.trigger_kind == ADOPT_TRIGGER
+
     async def _detect(self, cycle: Cycle) -> Cycle:
+        if self._adopts(cycle):
+            return self.states.transition(cycle, WINDOW, {"adopt": cycle.evidence.get("why")},
+                                          scenario={"changes": {}, "drain": False}, previous_flags=self._previous())
         changes = tune_changes(self.base, cycle.trigger_kind, cycle.evidence, cycle.observed)
         try:
             scenario = apply_changes(self.base, changes)
@@ -184,7 +193,8 @@ class CycleDriver:
                                                  "engine.gpus production does not use (production.gpus)")
         return self.states.transition(cycle, WINDOW, {"changes": changes, "drain": drain, "why": why},
                                       scenario={"changes": changes, "drain": drain, "drain_why": why},
-                                      previous_flags=self._previous(), warm_start=self.states.last_study())
+                                      previous_flags=self._previous(),
+                                      warm_start=cycle.evidence.get(WARM_START) or self.states.last_study())
 
     def _previous(self) -> dict[str, Any] | None:
         """What a failed candidate rolls back to: the live config, unless production refused it (it OOMed and
@@ -223,9 +233,13 @@ class CycleDriver:
         from autotuner.tuner.study import Tuner
         from autotuner.tuner.study_setup import study_name_for
 
+        if self._adopts(cycle):
+            return self.states.transition(cycle, CONFIRM, {"adopt": "no tune: the group's winner"})
         scenario = self.scenario_of(cycle)
         runner = runner_for(scenario, self.log_dir)
-        name = cycle.study_name or f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
+        # A tune taken over from a fleet box that stopped renewing its claim resumes that box's study.
+        name = cycle.study_name or cycle.evidence.get(STUDY) or \
+            f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
         if cycle.study_name is None:
             self.states.update(cycle, study_name=name,
                                scenario={**(cycle.scenario or {}), "tune_started_at": time.time()})
@@ -235,6 +249,7 @@ class CycleDriver:
                       timeout_s=self._tune_time(cycle), warm_start=warm)
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
+        lease = asyncio.ensure_future(self._renew_lease(name)) if self.ctx.fleet is not None else None
         try:
             summary = await tuner.run()
         except Exception as exc:  # the tuner refused or failed: production goes back up
@@ -242,6 +257,8 @@ class CycleDriver:
             return self._fail(cycle, f"tuning failed: {type(exc).__name__}: {exc}")
         finally:
             watcher.cancel()
+            if lease is not None:
+                lease.cancel()
             self.tuner = None
         self.states.update(cycle, trials=summary.trials_done)
         if summary.interrupted or self._window_closed():
@@ -253,6 +270,15 @@ class CycleDriver:
             return self._fail(cycle, "tuning found no feasible configuration")
         return self.states.transition(cycle, CONFIRM, {"study": name, "trials": summary.trials_done,
                                                         "ended": summary.ended}, trials=summary.trials_done)
+
+    async def _renew_lease(self, study: str) -> None:
+        """The group's claim, renewed every third of its lease while this box tunes (from a thread: the
+        database may be slow, the tune must not wait on it)."""
+        fleet = self.ctx.fleet
+        assert fleet is not None
+        while True:
+            await asyncio.to_thread(fleet.renew, study)
+            await asyncio.sleep(fleet.lease_s / 3)
 
     def _window_closed(self) -> bool:
         window = self.config.schedule_window
@@ -306,6 +332,8 @@ class CycleDriver:
         from autotuner.trust.commands import FRESH_RUNS, after_tune, parse_confirm, runner_factory
         from autotuner.tuner.runners import runner_for
 
+        if self._adopts(cycle):
+            return self._adopt(cycle)
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
         top, repeats = parse_confirm(self.config.tune.confirm)
@@ -349,6 +377,18 @@ class CycleDriver:
                                       {"trial": selection.chosen.trial_number, "flags": flags},
                                       candidate_flags=flags, candidate_trial=selection.chosen.trial_number,
                                       certificate=cert)
+
+    def _adopt(self, cycle: Cycle) -> Cycle:
+        """The group's confirmed, soaked winner as this box's candidate: deployed, then verified here."""
+        flags = dict(cycle.evidence.get(FLAGS) or {})
+        refused = self.ctx.refusals.refused(self.fingerprints(cycle), flags)
+        if refused is not None:
+            return self._fail(cycle, f"the group's winner was refused by this box before ({refused.kind}): "
+                              f"{refused.reason[:200]}")
+        manual = self.config.approve == "manual" or not self.target.can_take_down
+        return self.states.transition(cycle, PROPOSED if manual else DEPLOY, {"adopt": flags},
+                                      candidate_flags=flags, candidate_trial=cycle.evidence.get("trial"),
+                                      certificate=cycle.evidence.get(CERTIFICATE))
 
     async def _proposed(self, cycle: Cycle) -> Cycle:
         """Waiting for a person: production serves meanwhile (back on its previous config if the tune took it
