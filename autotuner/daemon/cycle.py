@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,18 +134,26 @@ class CycleDriver:
         self.ctx = ctx
         self.now = now
         self.tuner: Any = None
+        self.lease_lost = False
+        self.study: str | None = None  # the study this cycle tunes, once named
 
     # --- driving ----------------------------------------------------------------------------------
     async def run(self, cycle: Cycle) -> Cycle:
         steps = {DETECT: self._detect, WINDOW: self._window, DRAIN: self._drain, TUNE: self._tune,
                  CONFIRM: self._confirm, PROPOSED: self._proposed, DEPLOY: self._deploy, VERIFY: self._verify,
                  ROLLBACK: self._rollback}
-        while cycle.state != DONE:
-            before = cycle.state
-            cycle = await steps[cycle.state](cycle)
-            if cycle.state == before:
-                return cycle  # parked
-        return cycle
+        done = threading.Event()
+        if self.ctx.fleet is not None and "fleet" in cycle.evidence:  # this box's tune for its fleet group
+            threading.Thread(target=self._renew_lease, args=(done,), name="fleet-lease", daemon=True).start()
+        try:
+            while cycle.state != DONE:
+                before = cycle.state
+                cycle = await steps[cycle.state](cycle)
+                if cycle.state == before:
+                    return cycle  # parked
+            return cycle
+        finally:
+            done.set()
 
     def scenario_of(self, cycle: Cycle) -> Scenario:
         return apply_changes(self.base, (cycle.scenario or {}).get("changes", {}))
@@ -249,7 +258,7 @@ class CycleDriver:
                       timeout_s=self._tune_time(cycle), warm_start=warm)
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
-        lease = asyncio.ensure_future(self._renew_lease(name)) if self.ctx.fleet is not None else None
+        self.study = name
         try:
             summary = await tuner.run()
         except Exception as exc:  # the tuner refused or failed: production goes back up
@@ -257,10 +266,10 @@ class CycleDriver:
             return self._fail(cycle, f"tuning failed: {type(exc).__name__}: {exc}")
         finally:
             watcher.cancel()
-            if lease is not None:
-                lease.cancel()
             self.tuner = None
         self.states.update(cycle, trials=summary.trials_done)
+        if self.lease_lost:
+            return self._fail(cycle, "another box of the fleet took the group's tune over")
         if summary.interrupted or self._window_closed():
             interrupt.window_closed = interrupt.window_closed or self._window_closed()
             return self._fail(cycle, f"tuning interrupted: {interrupt.reason}")
@@ -271,14 +280,19 @@ class CycleDriver:
         return self.states.transition(cycle, CONFIRM, {"study": name, "trials": summary.trials_done,
                                                         "ended": summary.ended}, trials=summary.trials_done)
 
-    async def _renew_lease(self, study: str) -> None:
-        """The group's claim, renewed every third of its lease while this box tunes (from a thread: the
-        database may be slow, the tune must not wait on it)."""
+    def _renew_lease(self, done: threading.Event) -> None:
+        """The group's claim, renewed every third of its lease while this box tunes, confirms and deploys for
+        the group. A thread of its own: a trial in virtual time holds the event loop, and a late renewal
+        would hand the tune to another box."""
         fleet = self.ctx.fleet
         assert fleet is not None
-        while True:
-            await asyncio.to_thread(fleet.renew, study)
-            await asyncio.sleep(fleet.lease_s / 3)
+        while fleet.renew(self.study):
+            if done.wait(fleet.lease_s / 3):
+                return
+        # Another box holds the group's claim now (this box's lease ran out): its tune is the group's.
+        self.lease_lost = True
+        if self.tuner is not None:
+            self.tuner.request_stop()
 
     def _window_closed(self) -> bool:
         window = self.config.schedule_window

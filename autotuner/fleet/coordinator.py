@@ -84,6 +84,10 @@ class Fleet:
                    certificate: dict[str, Any] | None = None, study: str | None = None,
                    trial: int | None = None) -> None:
         now = self.clock()
+        held = lease.current(self.engine, self.group)
+        if held is None or held.holder != self.box:
+            log.warning("fleet.tune_not_published", group=self.group, box=self.box, reason="the claim is another box's")
+            return
         if ok and flags is not None:
             rid = rollout.publish(self.engine, self.group, self.box, flags, certificate, study, trial, now)
             log.info("fleet.published", group=self.group, box=self.box, rollout=rid, study=study, trial=trial)
