@@ -43,6 +43,8 @@ def _rollouts(engine: Engine, group: str, limit: int) -> list[dict[str, Any]]:
 def fleet_status(engine: Engine, group: str | None = None, now: float | None = None,
                  rollouts_per_group: int = 3) -> dict[str, Any]:
     now = time.time() if now is None else now
+    if not sa.inspect(engine).has_table(claims.name):
+        return {"groups": []}  # a storage no fleet daemon has used: read, never written to
     members = membership.members(engine, group)
     with engine.connect() as conn:
         query = sa.select(claims.c.group_key)

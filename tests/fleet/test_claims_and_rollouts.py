@@ -5,12 +5,16 @@ its healthy period, a failed adoption halts the group. Time is passed in, never 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from autotuner.fleet import lease, rollout
 from autotuner.fleet.coordinator import Fleet
 from autotuner.fleet.membership import Member, family_study, heartbeat
+from autotuner.fleet.status import fleet_status, render
+from autotuner.store.db import Store
 
 GROUP, FAMILY = "g1", "f1"
 FLAGS = {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.9}
@@ -113,3 +117,11 @@ def test_other_gpus_tune_their_own_group_warm_started_from_the_family(engine: En
     a.tune_ended(True, None, FLAGS, None, "s-a", 2)
     assert d.pending() is None  # never a's winner
     assert family_study(engine, FAMILY, GROUP) is None  # d has no study yet
+
+
+def test_status_of_a_storage_without_a_fleet_writes_nothing(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "plain.db"))
+    assert fleet_status(store.engine) == {"groups": []}
+    assert render(fleet_status(store.engine)) == "no fleet in this storage"
+    assert not sa.inspect(store.engine).has_table("at_fleet_claims")
+    store.engine.dispose()
