@@ -201,8 +201,10 @@ class FleetSettings(_Model):
                            "renewal (it renews every third of it): a box that died mid-tune is taken over then")
     canary_healthy_s: float = Field(default=1800, ge=0, description="how long the canary serves the group's "
                                     "winner healthily before the other boxes adopt it")
+    soak_s: float = Field(default=300, ge=0, description="after adopting, each box verifies its production again "
+                          "and again for this long (a short soak on its own hardware) before it counts as adopted")
 
-    _durations = field_validator("lease_s", "canary_healthy_s", mode="before")(
+    _durations = field_validator("lease_s", "canary_healthy_s", "soak_s", mode="before")(
         classmethod(lambda cls, v: duration_s(v)))
 
 

@@ -451,6 +451,8 @@ class CycleDriver:
     async def _verify(self, cycle: Cycle) -> Cycle:
         started = time.time()
         verdict = await self._check_production(cycle)
+        if verdict.ok and self._adopts(cycle) and self.ctx.fleet is not None:
+            verdict = await self._soak_production(cycle, self.ctx.fleet.soak_s)
         self.ctx.own_traffic(started, time.time())
         if not verdict.ok:
             reason = "verify failed: " + "; ".join(verdict.problems[:3])
@@ -464,6 +466,14 @@ class CycleDriver:
         self.ctx.notify("cycle-end", f"cycle {cycle.id} deployed trial {cycle.candidate_trial} "
                         f"(trigger {cycle.trigger_kind})", {"flags": flags})
         return cycle
+
+    async def _soak_production(self, cycle: Cycle, soak_s: float) -> Verdict:
+        """A winner tuned on another box: this box's production verified again and again for the fleet's
+        short soak, on its own hardware; the first failure ends it."""
+        verdict, end = Verdict(True, []), time.monotonic() + soak_s
+        while verdict.ok and time.monotonic() < end and not self.stopping.is_set():
+            verdict = await self._check_production(cycle)
+        return verdict
 
     async def _rollback(self, cycle: Cycle) -> Cycle:
         """Production back up on the previous config, else on the last-known-good chain; else the alarm."""

@@ -84,7 +84,7 @@ class Daemon:
         deployment = loaded.scenario.name if fleet is None else f"{loaded.scenario.name}@{fleet.box}"
         self.fleet = None if fleet is None else Fleet(
             self.store.engine, fleet.box, deployment, lease_s=fleet.lease_s, healthy_s=fleet.canary_healthy_s,
-            hold_s=self.config.min_interval_s)
+            hold_s=self.config.min_interval_s, soak_s=fleet.soak_s)
         self.states = CycleStore(self.store, deployment)
         self.chain = KnownGoodChain(self.store, deployment)
         self.refusals = Refusals(self.store, deployment)

@@ -33,13 +33,14 @@ class TuneAnswer:
 
 class Fleet:
     def __init__(self, engine: Engine, box: str, deployment: str, *, lease_s: float, healthy_s: float,
-                 hold_s: float, clock: Callable[[], float] = time.time) -> None:
+                 hold_s: float, soak_s: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self.box = box
         self.deployment = deployment
         self.lease_s = lease_s
         self.healthy_s = healthy_s
         self.hold_s = hold_s
+        self.soak_s = soak_s
         self.clock = clock
         self.group = ""
         self.family = ""

@@ -16,7 +16,7 @@ from tests.support.daemon import PRODCTL, SCENARIO, TOKEN, Deployment, make_depl
 from tests.support.waiting import wait_for
 
 # The group's settings, sized for tests: a short lease (renewed from a thread every 2 s), a short canary period.
-FLEET = {"lease_s": 6, "canary_healthy_s": 4}
+FLEET = {"lease_s": 6, "canary_healthy_s": 4, "soak_s": 2}
 TUNE = {"trials": 4, "timeout": "5m", "confirm": "1x2", "soak": "5s"}
 
 
