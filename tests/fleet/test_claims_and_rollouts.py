@@ -4,17 +4,22 @@ its healthy period, a failed adoption halts the group. Time is passed in, never 
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
+import yaml
 from sqlalchemy.engine import Engine
 
+from autotuner.daemon.config import DaemonConfigError, FleetSettings, load_config
 from autotuner.fleet import lease, rollout
 from autotuner.fleet.coordinator import Fleet
 from autotuner.fleet.membership import Member, family_study, heartbeat
 from autotuner.fleet.status import fleet_status, render
 from autotuner.store.db import Store
+from tests.support.daemon import SCENARIO
 
 GROUP, FAMILY = "g1", "f1"
 FLAGS = {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.9}
@@ -125,3 +130,24 @@ def test_status_of_a_storage_without_a_fleet_writes_nothing(tmp_path: Path) -> N
     assert render(fleet_status(store.engine)) == "no fleet in this storage"
     assert not sa.inspect(store.engine).has_table("at_fleet_claims")
     store.engine.dispose()
+
+
+
+def load_fleet(tmp_path: Path, fleet: dict[str, object]) -> FleetSettings | None:
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(SCENARIO))
+    config = {"scenario": "scenario.yaml", "production": {"endpoint": "http://127.0.0.1:8000"},
+              "deploy": {"kind": "file", "config_path": "tuned.yaml"}, "fleet": fleet}
+    (tmp_path / "daemon.yaml").write_text(yaml.safe_dump(config))
+    return load_config(tmp_path / "daemon.yaml").config.fleet
+
+
+def test_the_fleet_section_of_a_daemon_config(tmp_path: Path) -> None:
+    fleet = load_fleet(tmp_path, {"box": "gpu-07", "lease_s": "10m", "soak_s": "90s"})
+    assert fleet is not None
+    assert (fleet.box, fleet.lease_s, fleet.canary_healthy_s, fleet.soak_s) == ("gpu-07", 600, 1800, 90)
+    default = load_fleet(tmp_path, {})
+    assert default is not None and default.box == socket.gethostname()
+    with pytest.raises(DaemonConfigError, match=r"daemon\.yaml:\d+: fleet\.box"):
+        load_fleet(tmp_path, {"box": "-a; rm"})
+    with pytest.raises(DaemonConfigError, match=r"fleet\.lease_s"):
+        load_fleet(tmp_path, {"lease_s": "0s"})
