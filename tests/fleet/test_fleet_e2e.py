@@ -55,8 +55,15 @@ def adoption(group: dict[str, Any] | None, box: str) -> str | None:
     return next((a["state"] for a in group["rollouts"][0]["adoptions"] if a["box"] == box), None)
 
 
-def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, tmp_path: Path, boxes: list[Box]) -> None:
+@pytest.fixture
+def store(postgres_url: str) -> Iterator[Store]:
     store = Store(postgres_url)
+    yield store
+    store.engine.dispose()
+
+
+def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, store: Store, tmp_path: Path,
+                                                 boxes: list[Box]) -> None:
     a = make_box(tmp_path / "a", "a", postgres_url)
     boxes.append(a)
     a.start_daemon()
@@ -112,8 +119,9 @@ def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, tmp_path: Pa
         return g if g and g["rollouts"] and g["rollouts"][0]["state"] == "halted" else None
     other = wait_for(d_published, 300, "d's rollout to reach e and stop there", interval=0.5)
     assert other["group"] != group["group"] and other["tuner"]["box"] == "d"
-    warm = store.engine.connect().exec_driver_sql(
-        "SELECT warm_start FROM at_daemon_cycles WHERE deployment = 'prod@d' AND study_name IS NOT NULL").scalar()
+    with store.engine.connect() as conn:
+        warm = conn.exec_driver_sql("SELECT warm_start FROM at_daemon_cycles WHERE deployment = 'prod@d' "
+                                    "AND study_name IS NOT NULL").scalar()
     assert warm == study_a
     halted = other["rollouts"][0]
     assert halted["canary"] == "e" and halted["reason"].startswith("e: ") and "deploy failed" in halted["reason"]
@@ -126,4 +134,3 @@ def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, tmp_path: Pa
     assert out.returncode == 0, out.stderr
     assert "tuner: b (done" in out.stdout and "taken over from a" in out.stdout
     assert "(halted)" in out.stdout and "e: deploy failed" in out.stdout
-    store.engine.dispose()
