@@ -8,6 +8,7 @@ import typer
 
 from autotuner import __version__
 from autotuner.cli.daemon import RUN_EPILOG, daemon_approve, daemon_plan, daemon_reject, daemon_run, daemon_status
+from autotuner.cli.fleet import fleet_status
 from autotuner.cli.measure import MEASURE_EPILOG, measure
 from autotuner.cli.prepare import DOCTOR_EPILOG, INIT_EPILOG, doctor, init, verify
 from autotuner.cli.results import export, report, status
@@ -29,6 +30,8 @@ sim_app = typer.Typer(
 )
 daemon_app = typer.Typer(help="Watch production, re-tune when it changes, roll the winner out, roll back on failure.",
                          no_args_is_help=True)
+fleet_app = typer.Typer(help="Daemons on several boxes sharing one storage: groups, tunes and rollouts.",
+                        no_args_is_help=True)
 
 
 def version() -> None:
@@ -60,6 +63,9 @@ daemon_app.command("status")(daemon_status)
 daemon_app.command("plan")(daemon_plan)
 daemon_app.command("approve")(daemon_approve)
 daemon_app.command("reject")(daemon_reject)
+
+app.add_typer(fleet_app, name="fleet")
+fleet_app.command("status")(fleet_status)
 
 
 def main() -> None:

@@ -42,7 +42,8 @@ def watch_status(storage: str, study: str | None, interval: float) -> int:
 
 
 def export(
-    fmt: str = typer.Option(..., "--format", help="cmd | yaml | compose | systemd | env | json"),
+    fmt: str = typer.Option(..., "--format", help="cmd | yaml | compose | systemd | env | json | "
+                            "helm-values | kserve | k8s-args | ray-serve"),
     output: Path | None = typer.Option(None, "-o", "--output", help="file to write (default: stdout), created "
                                        "0600; an existing one is replaced only with --force and keeps its mode "
                                        "where stricter; a symlink is followed and its target replaced"),

@@ -5,6 +5,7 @@ is `DaemonConfigError` naming the file, the line and the field (exit code 2), be
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import time as dtime
@@ -193,6 +194,23 @@ class ListenSettings(_Model):
     token_env: str = Field(default="AUTOTUNER_DAEMON_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class FleetSettings(_Model):
+    """Daemons on several boxes sharing this config's `storage:` (PostgreSQL): boxes with the same model, GPUs,
+    engine and workload form a group; one tunes, the others adopt its winner, a canary first."""
+
+    box: str = Field(default_factory=socket.gethostname, min_length=1, max_length=255,
+                     pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="this box's name in the fleet")
+    lease_s: float = Field(default=600, gt=0, description="a tuner's claim runs out this long after its last "
+                           "renewal (it renews every third of it): a box that died mid-tune is taken over then")
+    canary_healthy_s: float = Field(default=1800, ge=0, description="how long the canary serves the group's "
+                                    "winner healthily before the other boxes adopt it")
+    soak_s: float = Field(default=300, ge=0, description="after adopting, each box verifies its production again "
+                          "and again for this long (a short soak on its own hardware) before it counts as adopted")
+
+    _durations = field_validator("lease_s", "canary_healthy_s", "soak_s", mode="before")(
+        classmethod(lambda cls, v: duration_s(v)))
+
+
 class DaemonConfig(_Model):
     scenario: Path
     storage: str | None = None
@@ -211,6 +229,7 @@ class DaemonConfig(_Model):
     listen: ListenSettings = ListenSettings()
     notify: NotifySettings | None = Field(default=None, description="a webhook told of cycle ends, rollbacks, "
                                           "emergency mitigations and production going down or up")
+    fleet: FleetSettings | None = None
     source: Path | None = Field(default=None, exclude=True)
 
     _min_interval = field_validator("min_interval_s", mode="before")(classmethod(lambda cls, v: duration_s(v)))
@@ -315,8 +334,6 @@ def _check_listen(listen: ListenSettings, path: Path, line: int | None) -> None:
     """An address this box cannot listen on is bad input now, before the database is opened (the endpoint
     itself starts after it). Port 0: only the address is tried, the configured port may be busy until the
     old daemon exits."""
-    import socket
-
     try:
         infos = socket.getaddrinfo(listen.host, 0, type=socket.SOCK_STREAM)
         family, _, _, _, address = infos[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from autotuner.daemon.state import (
 )
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.errors import AutotunerError, UserInputError
+from autotuner.fleet.coordinator import ADOPT_TRIGGER, CERTIFICATE, FLAGS, STUDY, WARM_START, Fleet
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.verify import Verdict, verify
@@ -112,6 +114,7 @@ class CycleContext:
     runtime: RuntimeStore
     notify: Callable[[str, str, dict[str, Any]], None]
     own_traffic: Callable[[float, float], None]
+    fleet: Fleet | None = None
 
 
 class CycleDriver:
@@ -131,18 +134,26 @@ class CycleDriver:
         self.ctx = ctx
         self.now = now
         self.tuner: Any = None
+        self.lease_lost = False
+        self.study: str | None = None  # the study this cycle tunes, once named
 
     # --- driving ----------------------------------------------------------------------------------
     async def run(self, cycle: Cycle) -> Cycle:
         steps = {DETECT: self._detect, WINDOW: self._window, DRAIN: self._drain, TUNE: self._tune,
                  CONFIRM: self._confirm, PROPOSED: self._proposed, DEPLOY: self._deploy, VERIFY: self._verify,
                  ROLLBACK: self._rollback}
-        while cycle.state != DONE:
-            before = cycle.state
-            cycle = await steps[cycle.state](cycle)
-            if cycle.state == before:
-                return cycle  # parked
-        return cycle
+        done = threading.Event()
+        if self.ctx.fleet is not None and "fleet" in cycle.evidence:  # this box's tune for its fleet group
+            threading.Thread(target=self._renew_lease, args=(done,), name="fleet-lease", daemon=True).start()
+        try:
+            while cycle.state != DONE:
+                before = cycle.state
+                cycle = await steps[cycle.state](cycle)
+                if cycle.state == before:
+                    return cycle  # parked
+            return cycle
+        finally:
+            done.set()
 
     def scenario_of(self, cycle: Cycle) -> Scenario:
         return apply_changes(self.base, (cycle.scenario or {}).get("changes", {}))
@@ -162,7 +173,14 @@ class CycleDriver:
         return self.states.transition(cycle, DONE, {"reason": STOP_REASON}, outcome=SKIPPED, reason=STOP_REASON)
 
     # --- steps -------------------------------------------------------------------------------------
+    def _adopts(self, cycle: Cycle) -> bool:
+        """The group's winner, tuned on an identical box: deployed and verified here, never re-tuned."""
+        return cycle.trigger_kind == ADOPT_TRIGGER
+
     async def _detect(self, cycle: Cycle) -> Cycle:
+        if self._adopts(cycle):
+            return self.states.transition(cycle, WINDOW, {"adopt": cycle.evidence.get("why")},
+                                          scenario={"changes": {}, "drain": False}, previous_flags=self._previous())
         changes = tune_changes(self.base, cycle.trigger_kind, cycle.evidence, cycle.observed)
         try:
             scenario = apply_changes(self.base, changes)
@@ -184,7 +202,8 @@ class CycleDriver:
                                                  "engine.gpus production does not use (production.gpus)")
         return self.states.transition(cycle, WINDOW, {"changes": changes, "drain": drain, "why": why},
                                       scenario={"changes": changes, "drain": drain, "drain_why": why},
-                                      previous_flags=self._previous(), warm_start=self.states.last_study())
+                                      previous_flags=self._previous(),
+                                      warm_start=cycle.evidence.get(WARM_START) or self.states.last_study())
 
     def _previous(self) -> dict[str, Any] | None:
         """What a failed candidate rolls back to: the live config, unless production refused it (it OOMed and
@@ -223,9 +242,13 @@ class CycleDriver:
         from autotuner.tuner.study import Tuner
         from autotuner.tuner.study_setup import study_name_for
 
+        if self._adopts(cycle):
+            return self.states.transition(cycle, CONFIRM, {"adopt": "no tune: the group's winner"})
         scenario = self.scenario_of(cycle)
         runner = runner_for(scenario, self.log_dir)
-        name = cycle.study_name or f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
+        # A tune taken over from a fleet box that stopped renewing its claim resumes that box's study.
+        name = cycle.study_name or cycle.evidence.get(STUDY) or \
+            f"{study_name_for(scenario, runner.study_key().digest())}-c{cycle.id}"
         if cycle.study_name is None:
             self.states.update(cycle, study_name=name,
                                scenario={**(cycle.scenario or {}), "tune_started_at": time.time()})
@@ -235,6 +258,7 @@ class CycleDriver:
                       timeout_s=self._tune_time(cycle), warm_start=warm, twin=self.config.tune.twin)
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
+        self.study = name
         try:
             summary = await tuner.run()
         except Exception as exc:  # the tuner refused or failed: production goes back up
@@ -244,6 +268,8 @@ class CycleDriver:
             watcher.cancel()
             self.tuner = None
         self.states.update(cycle, trials=summary.trials_done)
+        if self.lease_lost:
+            return self._fail(cycle, "another box of the fleet took the group's tune over")
         if summary.interrupted or self._window_closed():
             interrupt.window_closed = interrupt.window_closed or self._window_closed()
             return self._fail(cycle, f"tuning interrupted: {interrupt.reason}")
@@ -253,6 +279,20 @@ class CycleDriver:
             return self._fail(cycle, "tuning found no feasible configuration")
         return self.states.transition(cycle, CONFIRM, {"study": name, "trials": summary.trials_done,
                                                         "ended": summary.ended}, trials=summary.trials_done)
+
+    def _renew_lease(self, done: threading.Event) -> None:
+        """The group's claim, renewed every third of its lease while this box tunes, confirms and deploys for
+        the group. A thread of its own: a trial in virtual time holds the event loop, and a late renewal
+        would hand the tune to another box."""
+        fleet = self.ctx.fleet
+        assert fleet is not None
+        while fleet.renew(self.study):
+            if done.wait(fleet.lease_s / 3):
+                return
+        # Another box holds the group's claim now (this box's lease ran out): its tune is the group's.
+        self.lease_lost = True
+        if self.tuner is not None:
+            self.tuner.request_stop()
 
     def _window_closed(self) -> bool:
         window = self.config.schedule_window
@@ -306,6 +346,8 @@ class CycleDriver:
         from autotuner.trust.commands import FRESH_RUNS, after_tune, parse_confirm, runner_factory
         from autotuner.tuner.runners import runner_for
 
+        if self._adopts(cycle):
+            return self._adopt(cycle)
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
         top, repeats = parse_confirm(self.config.tune.confirm)
@@ -349,6 +391,18 @@ class CycleDriver:
                                       {"trial": selection.chosen.trial_number, "flags": flags},
                                       candidate_flags=flags, candidate_trial=selection.chosen.trial_number,
                                       certificate=cert)
+
+    def _adopt(self, cycle: Cycle) -> Cycle:
+        """The group's confirmed, soaked winner as this box's candidate: deployed, then verified here."""
+        flags = dict(cycle.evidence.get(FLAGS) or {})
+        refused = self.ctx.refusals.refused(self.fingerprints(cycle), flags)
+        if refused is not None:
+            return self._fail(cycle, f"the group's winner was refused by this box before ({refused.kind}): "
+                              f"{refused.reason[:200]}")
+        manual = self.config.approve == "manual" or not self.target.can_take_down
+        return self.states.transition(cycle, PROPOSED if manual else DEPLOY, {"adopt": flags},
+                                      candidate_flags=flags, candidate_trial=cycle.evidence.get("trial"),
+                                      certificate=cycle.evidence.get(CERTIFICATE))
 
     async def _proposed(self, cycle: Cycle) -> Cycle:
         """Waiting for a person: production serves meanwhile (back on its previous config if the tune took it
@@ -397,6 +451,8 @@ class CycleDriver:
     async def _verify(self, cycle: Cycle) -> Cycle:
         started = time.time()
         verdict = await self._check_production(cycle)
+        if verdict.ok and self._adopts(cycle) and self.ctx.fleet is not None:
+            verdict = await self._soak_production(cycle, self.ctx.fleet.soak_s)
         self.ctx.own_traffic(started, time.time())
         if not verdict.ok:
             reason = "verify failed: " + "; ".join(verdict.problems[:3])
@@ -410,6 +466,14 @@ class CycleDriver:
         self.ctx.notify("cycle-end", f"cycle {cycle.id} deployed trial {cycle.candidate_trial} "
                         f"(trigger {cycle.trigger_kind})", {"flags": flags})
         return cycle
+
+    async def _soak_production(self, cycle: Cycle, soak_s: float) -> Verdict:
+        """A winner tuned on another box: this box's production verified again and again for the fleet's
+        short soak, on its own hardware; the first failure ends it."""
+        verdict, end = Verdict(True, []), time.monotonic() + soak_s
+        while verdict.ok and time.monotonic() < end and not self.stopping.is_set():
+            verdict = await self._check_production(cycle)
+        return verdict
 
     async def _rollback(self, cycle: Cycle) -> Cycle:
         """Production back up on the previous config, else on the last-known-good chain; else the alarm."""

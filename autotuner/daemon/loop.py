@@ -39,6 +39,8 @@ from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, WINDOW, Cycle, Cycl
 from autotuner.daemon.status import status_document
 from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identity
 from autotuner.errors import UserInputError
+from autotuner.fleet.coordinator import ADOPT_TRIGGER, ROLLOUT_ID, STUDY, WARM_START, Fleet
+from autotuner.fleet.membership import group_keys
 from autotuner.proc_identity import create_time
 from autotuner.scenario import Scenario
 from autotuner.secrets import remember
@@ -77,7 +79,12 @@ class Daemon:
         self.loaded = loaded
         self.config = loaded.config
         self.store = Store(loaded.storage_url)
-        deployment = loaded.scenario.name
+        fleet = self.config.fleet
+        # Boxes of a fleet share one database: each keeps its cycles, refusals and chain under its own name.
+        deployment = loaded.scenario.name if fleet is None else f"{loaded.scenario.name}@{fleet.box}"
+        self.fleet = None if fleet is None else Fleet(
+            self.store.engine, fleet.box, deployment, lease_s=fleet.lease_s, healthy_s=fleet.canary_healthy_s,
+            hold_s=self.config.min_interval_s, soak_s=fleet.soak_s)
         self.states = CycleStore(self.store, deployment)
         self.chain = KnownGoodChain(self.store, deployment)
         self.refusals = Refusals(self.store, deployment)
@@ -139,8 +146,14 @@ class Daemon:
                    "last_poll_at": None if self.last_poll is None else datetime.fromtimestamp(self.last_poll)
                    .astimezone().isoformat(timespec="seconds"),
                    "production_endpoint": self.config.production.endpoint}
-        return status_document(self.states, self.config, runtime, target=self.target, runtime_store=self.runtime,
-                               refusals=self.refusals, snapshot=self.last_snapshot)
+        doc = status_document(self.states, self.config, runtime, target=self.target, runtime_store=self.runtime,
+                              refusals=self.refusals, snapshot=self.last_snapshot)
+        if self.fleet is not None:
+            from autotuner.fleet.status import fleet_status
+
+            doc["fleet"] = {"box": self.fleet.box, "group": self.fleet.group, "waiting": self.fleet.waiting,
+                            **fleet_status(self.fleet.engine, self.fleet.group or None)}
+        return doc
 
     def health_gauges(self) -> dict[str, Any]:
         rt = self.runtime.get()
@@ -383,6 +396,8 @@ class Daemon:
         fired = self.watch.observe(snap, gpus, ref, self.production_scenario(), since)
         fired = self.manual_restarts(fired, snap)
         await self.keep_serving(snap, fired)
+        if self.fleet is not None and ref is not None:
+            self.fleet_heartbeat(ref, snap.reachable)
         if open_cycle is not None:  # parked: one cycle at a time; see whether it may go on
             for t in fired:
                 if t.kind not in self.noted:
@@ -390,6 +405,11 @@ class Daemon:
                     self.states.note("trigger", {"kind": t.kind, "evidence": t.evidence,
                                                  "action": f"cycle {open_cycle.id} in flight ({open_cycle.state})"})
             await self.drive(open_cycle)
+            return
+        step = self.fleet.pending() if self.fleet is not None else None
+        if step is not None and self.fleet is not None:  # the group's winner, and this box's turn: adopt it
+            if self.fleet.adoption_started(step.rollout.id):
+                await self.start_cycle(Trigger(ADOPT_TRIGGER, self.fleet.adoption_evidence(step)), snap, gpus)
             return
         if not fired:
             return
@@ -408,6 +428,15 @@ class Daemon:
             self.states.note("trigger", {"kind": t.kind, "evidence": t.evidence, "action": action})
         if deferred:
             return
+        if self.fleet is not None:  # one box of the group tunes; the others adopt its winner
+            answer = self.fleet.ask_to_tune()
+            if not answer.tune:
+                if "fleet" not in self.noted:
+                    self.noted.add("fleet")
+                    self.states.note("trigger", {"kind": trigger.kind, "action": f"fleet: {answer.why}"})
+                return
+            trigger = Trigger(trigger.kind, {**trigger.evidence, STUDY: answer.study, WARM_START: answer.warm_start,
+                                             "fleet": answer.why})
         self.noted.clear()
         await self.start_cycle(trigger, snap, gpus)
 
@@ -499,7 +528,8 @@ class Daemon:
 
         assert self.stopping is not None
         scenario = self.loaded.scenario
-        ctx = CycleContext(self.keeper, self.chain, self.refusals, self.runtime, self.notify, self.own_traffic)
+        ctx = CycleContext(self.keeper, self.chain, self.refusals, self.runtime, self.notify, self.own_traffic,
+                           self.fleet)
         self.driver = CycleDriver(self.loaded, self.states, self.store, self.target, self.stopping,
                                   autotuner_home() / "logs" / f"{scenario.name}-daemon", ctx)
         self.active = cycle
@@ -510,11 +540,34 @@ class Daemon:
             self.active = None
         if cycle.state != DONE:
             return  # parked: the next poll drives it again
+        if self.fleet is not None:
+            self.fleet_cycle_ended(cycle)
         self.noted.clear()
         if cycle.outcome == DEPLOYED:  # else the trigger stands and fires again after the backoff
             await self.refresh_reference(cycle)
         restarted = cycle.candidate_flags is not None or bool((cycle.scenario or {}).get("drain"))
         self.watch.forget(restarted=restarted)
+
+    # --- the fleet ------------------------------------------------------------------------------------
+    def fleet_heartbeat(self, ref: dict[str, Any], reachable: bool) -> None:
+        assert self.fleet is not None
+        self.fleet.place(*group_keys(ref, self.production_scenario()))
+        deployed = self.states.last_deployed()
+        cert = deployed.certificate if deployed is not None else None
+        summary = None if cert is None else {"study": cert.get("study"), "trial": cert.get("trial"),
+                                             "lines": (cert.get("lines") or [])[:3]}
+        self.fleet.heartbeat(self.target.current(), summary, reachable and self.runtime.get().alarm is None)
+
+    def fleet_cycle_ended(self, cycle: Cycle) -> None:
+        """What the group learns from this box's cycle: an adoption's end, or a tune's winner (published
+        once deployed and verified here) or its failure (the claim released for another box)."""
+        assert self.fleet is not None
+        ok = cycle.outcome == DEPLOYED
+        if cycle.trigger_kind == ADOPT_TRIGGER:
+            self.fleet.adoption_ended(int(cycle.evidence[ROLLOUT_ID]), ok, None if ok else cycle.reason)
+        elif "fleet" in cycle.evidence:  # a tune the fleet gave this box
+            self.fleet.tune_ended(ok, cycle.reason, cycle.candidate_flags, cycle.certificate, cycle.study_name,
+                                  cycle.candidate_trial)
 
     async def refresh_reference(self, cycle: Any) -> None:
         """After a cycle, production as it now runs is the yardstick (so a swap fires once, not forever)."""

@@ -27,7 +27,7 @@ from autotuner.scenario import RESERVED_FLAGS
 from autotuner.secrets import is_secret_name
 from autotuner.vllm import FlagValue, flag_argv
 
-Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json"]
+Format = Literal["cmd", "yaml", "compose", "systemd", "env", "json", "helm-values", "kserve", "k8s-args", "ray-serve"]
 FORMATS: tuple[str, ...] = get_args(Format)
 IMAGE = "vllm/vllm-openai"
 PORT = 8000
@@ -368,3 +368,15 @@ RENDERERS: dict[str, Callable[[Deployment], str]] = {
     "cmd": render_cmd, "yaml": render_yaml, "compose": render_compose, "systemd": render_systemd,
     "env": render_env, "json": render_json,
 }
+
+
+def _cluster(fmt: str) -> Callable[[Deployment], str]:
+    """The cluster platforms' formats (export/cluster.py) build on this module's Deployment, so they are
+    looked up when rendered: either module can then be imported first."""
+    def render(d: Deployment) -> str:
+        from autotuner.export.cluster import CLUSTER_RENDERERS
+        return CLUSTER_RENDERERS[fmt](d)
+    return render
+
+
+RENDERERS.update({fmt: _cluster(fmt) for fmt in ("helm-values", "kserve", "k8s-args", "ray-serve")})

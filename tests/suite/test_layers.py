@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("search", ("tuner",)),
     ("trust", ("trust",)),
     ("rollout", ("export", "deploy", "preflight", "verify", "watch", "init")),
+    ("fleet", ("fleet",)),
     ("daemon", ("daemon",)),
     ("front", ("view", "cli", "__main__")),
 )
