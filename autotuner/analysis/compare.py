@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autotuner.analysis.evidence import Confirmation, higher_is_better
+from autotuner.analysis.candidates import Analysis, choose
+from autotuner.analysis.confirmed import confirmed_ranking
+from autotuner.analysis.evidence import Confirmation, confirmations, higher_is_better, soaks
 from autotuner.stats import Interval
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import TrialKind
@@ -59,12 +61,17 @@ class Difference:
             return None
         return (self.ours.mean > self.theirs.mean) == higher_is_better(self.metric)
 
+    def delta(self) -> str:
+        """`+6.4 %` when the intervals are apart, else `no significant difference`."""
+        if self.better is None:
+            return NO_DIFFERENCE
+        change = (self.ours.mean - self.theirs.mean) / abs(self.theirs.mean) * 100 if self.theirs.mean else 0.0
+        return f"{change:+.1f} %"
+
     def text(self) -> str:
         pair = f"{show(self.ours, self.unit, self.digits)} vs {show(self.theirs, self.unit, self.digits)}"
-        if self.better is None:
-            return f"{self.name} {NO_DIFFERENCE} ({pair}, 95 % intervals overlap)"
-        delta = (self.ours.mean - self.theirs.mean) / abs(self.theirs.mean) * 100 if self.theirs.mean else 0.0
-        return f"{self.name} {delta:+.1f} % ({pair}, 95 % intervals apart)"
+        apart = "95 % intervals overlap" if self.better is None else "95 % intervals apart"
+        return f"{self.name}: {self.delta()} ({pair} mean, {apart})"
 
 
 @dataclass
@@ -97,6 +104,17 @@ class Comparison:
                 Verdict.TRADE_OFF: f"a trade-off against {ref}"}[self.verdict]
         return f"{head} — {figures}"
 
+    def brief(self) -> str:
+        """A table cell: `no significant difference vs vLLM's defaults`, `output +6.4 % vs …`."""
+        who = "current config" if self.label == CURRENT_LABEL else "defaults"
+        if self.verdict == Verdict.SAME:
+            return f"is the {who}"
+        if self.verdict in (Verdict.UNCONFIRMED, Verdict.UNMEASURED):
+            return f"vs {who}: not compared ({'one run' if self.verdict == Verdict.UNCONFIRMED else 'it failed'})"
+        if self.verdict == Verdict.TIE:
+            return f"{NO_DIFFERENCE} vs {who}"
+        return ", ".join(f"{d.name} {d.delta()}" for d in self.differences) + f" vs {who}"
+
     def to_dict(self) -> dict[str, object]:
         return {"label": self.label, "reference": self.reference, "trial": self.ours, "verdict": str(self.verdict),
                 "sentence": self.sentence(),
@@ -104,8 +122,11 @@ class Comparison:
                             for d in self.differences}}
 
 
+CURRENT_LABEL = "your current config"
+
+
 def reference_label(trial: TrialRecord) -> str:
-    return "your current config" if trial.kind == TrialKind.CURRENT else "vLLM's defaults"
+    return CURRENT_LABEL if trial.kind == TrialKind.CURRENT else "vLLM's defaults"
 
 
 def compare(ours: TrialRecord, reference: TrialRecord, confirmed: dict[int, Confirmation]) -> Comparison:
@@ -149,14 +170,28 @@ def comparisons(ours: TrialRecord, trials: list[TrialRecord], confirmed: dict[in
     return [compare(ours, ref, confirmed) for ref in references(trials)]
 
 
-def headline(ours: TrialRecord | None, found: list[Comparison]) -> str | None:
-    """The report's first line when a reference is at least as good (None otherwise)."""
-    if ours is None or not found:
-        return None
-    first = found[0]
+def recommended(analysis: Analysis, policy: str = "knee") -> tuple[TrialRecord | None, list[Comparison]]:
+    """The trial a report or a status row recommends (the confirmed best, else the single-shot choice),
+    as measured by the search, and how it compares with the references."""
+    trials = analysis.study.trials
+    confirmed = confirmations(trials)
+    ranked = confirmed_ranking(policy, analysis, confirmed, soaks(trials))
+    winner = (next(t for t in analysis.feasible if t.trial_number == ranked[0].trial_number) if ranked
+              else choose(policy, analysis))
+    return winner, (comparisons(winner, trials, confirmed) if winner is not None else [])
+
+
+def headline(ours: TrialRecord | None, found: list[Comparison]) -> str:
+    """The report's first line: keep the reference when nothing found is significantly better, else the
+    recommendation with its comparison."""
+    if ours is None:
+        return "Nothing to recommend: no trial is feasible under the scenario's SLOs."
+    first = found[0] if found else None
+    if first is None:
+        return f"Recommended: trial {ours.trial_number} (no reference config was measured to compare with)."
     if first.verdict == Verdict.SAME:
         return f"Keep {first.label}: it is the best configuration found (trial {first.reference})."
     if first.keep_reference:
         return (f"Keep {first.label} (trial {first.reference}): nothing found is significantly better — "
                 + "; ".join(d.text() for d in first.differences) + ".")
-    return None
+    return f"Recommended: trial {ours.trial_number}, {first.sentence()}."

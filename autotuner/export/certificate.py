@@ -137,7 +137,8 @@ class Certificate:
             f"measured {self.measured_at}",
             *([f"RECOMMENDATION: {self.recommendation}"] if self.recommendation else []),
             f"SLOs: {'; '.join(self.slos) if self.slos else 'none'}",
-            f"measured ({self.basis or 'one run'}): output {rate(m.get('output_tokens_per_s'))}, TTFT p50 {seconds(m.get('ttft_p50_s'))} / "
+            f"measured ({self.basis or 'one run'}):",
+            f"  output {rate(m.get('output_tokens_per_s'))}, TTFT p50 {seconds(m.get('ttft_p50_s'))} / "
             f"p95 {seconds(m.get('ttft_p95_s'))}, TPOT p50 {seconds(m.get('tpot_p50_s'))}, "
             f"e2e p95 {seconds(m.get('e2e_p95_s'))}, {m.get('completed', '-')} completed / "
             f"{m.get('failed', '-')} failed",

@@ -34,6 +34,8 @@ class Section:
 class Document:
     title: str
     sections: list[Section] = field(default_factory=list)
+    lead: str = ""  # the verdict, the first thing a reader sees under the title
+
 
     def images(self) -> list[Image]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, Image)]
@@ -50,6 +52,8 @@ def _md_cell(text: str) -> str:
 
 def to_markdown(doc: Document) -> str:
     out = [f"# {_md_line(doc.title)}", ""]
+    if doc.lead:
+        out += [f"**{_md_line(doc.lead)}**", ""]
     for section in doc.sections:
         out += [f"## {_md_line(section.title)}", ""]
         for block in section.blocks:
@@ -80,6 +84,8 @@ def to_html(doc: Document) -> str:
     e = html.escape
     out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{e(doc.title)}</title>",
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(doc.title)}</h1>"]
+    if doc.lead:
+        out.append(f"<p class=\"lead\"><strong>{e(doc.lead)}</strong></p>")
     for section in doc.sections:
         out.append(f"<h2>{e(section.title)}</h2>")
         for block in section.blocks:
