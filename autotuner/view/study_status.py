@@ -19,6 +19,7 @@ from autotuner.analysis.slo import scenario_slos
 from autotuner.analysis.study_data import load_study, open_store, read_study
 from autotuner.analysis.wording import outcome_text, shorten
 from autotuner.errors import UserInputError
+from autotuner.export.certificate import time_basis
 from autotuner.secrets import display_url
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS
@@ -101,9 +102,8 @@ def _trials(storage: str, name: str, console: Console) -> None:
                       seconds(t.metrics.get("ttft_p95_s")) if ok else "-", percent(t.memory.get("peak_fraction")),
                       shorten(verdict(t, analysis), REASON_LIMIT, f"--trial {t.trial_number}"))
     console.print(table)
-    console.print("output tok/s and TTFT p95: one run each, in "
-                  + ("simulated-hardware time" if data.simulated else "wall-clock time")
-                  + "; their re-measured means are in `autotuner report`. A reason cut short (…) is whole in "
+    console.print(f"output tok/s and TTFT p95: one run each, in {time_basis(data)}; their re-measured means "
+                  "are in `autotuner report`. A reason cut short (…) is whole in "
                   f"`autotuner status {data.name} --trial N`.", highlight=False)
 
 
