@@ -8,10 +8,11 @@ import pytest
 from autotuner.analysis.candidates import analyse
 from autotuner.analysis.slo import scenario_slos
 from autotuner.analysis.study_data import load_study
+from autotuner.analysis.wording import outcome_text
 from autotuner.errors import UserInputError
 from autotuner.export.plots import memory_png
 from autotuner.export.report import run_report
-from autotuner.store.db import Store
+from autotuner.store.db import Store, TrialRecord
 from tests.support.studies import GIB, TOTAL, MakeStudy, StudyDb, trial
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -31,14 +32,14 @@ def test_report_files(study_db: StudyDb, tmp_path: Path) -> None:
     md = (out / "report.md").read_text()
     trials = Store(study_db.storage).trials(study_db.name)
     assert study_db.name in md
-    for section in ("## Study key", "## Pareto front", "## Recommended against baseline (vLLM defaults)",
+    for section in ("## Study key", "## Pareto front", "## Recommended against the configs it would replace",
                     "## Memory", "## Trials"):
         assert section in md
     assert "](pareto.png)" in md and "](memory.png)" in md
     trial_rows = [line for line in md.split("## Trials")[1].splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(trial_rows) == len(trials)
     table = md.split("## Trials")[1]
-    for outcome in {t.outcome for t in trials}:  # every outcome the study holds (OOM, pruned, ...) is in the table
+    for outcome in {outcome_text(t) for t in trials}:  # every outcome the study holds (OOM, pruned, ...)
         assert f"| {outcome} |" in table, outcome
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2
@@ -46,13 +47,56 @@ def test_report_files(study_db: StudyDb, tmp_path: Path) -> None:
     assert "<table>" in html and study_db.name in html
 
 
-def test_baseline_against_winner(make_study: MakeStudy, tmp_path: Path) -> None:
+def confirm_runs(first: int, original: int, runs: list[tuple[float, float]]) -> list[TrialRecord]:
+    """Re-measurements of trial `original`, stored as `confirm` trials from number `first` on."""
+    out = []
+    for i, (thr, ttft) in enumerate(runs):
+        t = trial(first + i, thr, ttft, kind="confirm")
+        t.result["confirms"] = original
+        out.append(t)
+    return out
+
+
+def comparison_of(md: str) -> str:
+    return md.split("## Recommended against")[1].split("## Memory", maxsplit=1)[0]
+
+
+def test_single_runs_are_shown_as_such_and_never_compared(make_study: MakeStudy, tmp_path: Path) -> None:
     study = make_study([trial(0, 50.0, 8.0, kind="baseline"), trial(1, 100.0, 4.0), trial(2, 40.0, 2.0)])
     run_report(study.storage, None, tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
-    comparison = md.split("## Recommended against")[1].split("## Memory")[0]
-    assert "| output throughput | 50.0 tok/s | 100.0 tok/s | +100.0 % |" in comparison
-    assert "| TTFT p95 | 8.00 s | 4.00 s | -50.0 % |" in comparison
+    comparison = comparison_of(md)
+    assert "| output throughput (one run) | 50.0 tok/s | 100.0 tok/s | not compared: one run |" in comparison
+    assert "%" not in comparison.split("memory peak")[0]  # no percentage claimed from single runs
+    assert md.splitlines()[2].startswith("**Recommended: trial ")  # the verdict leads, and claims nothing
+    assert "measured once only, so no difference is claimed" in md.splitlines()[2]
+
+
+def test_confirmed_intervals_apart_give_the_difference(make_study: MakeStudy, tmp_path: Path) -> None:
+    study = make_study([trial(0, 50.0, 8.0, kind="baseline"), trial(1, 100.0, 4.0),
+                        *confirm_runs(2, 1, [(99.0, 4.0), (101.0, 4.1), (100.0, 3.9)]),
+                        *confirm_runs(5, 0, [(50.0, 8.0), (51.0, 8.1), (49.0, 7.9)])])
+    run_report(study.storage, None, tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    comparison = comparison_of(md)
+    assert "| output throughput (mean) | 50.0 ± 2.5 tok/s | 100.0 ± 2.5 tok/s | +100.0 % |" in comparison
+    assert "| TTFT p95 (mean) | 8.000 ± 0.248 s | 4.000 ± 0.248 s | -50.0 % |" in comparison
+    assert md.splitlines()[2].startswith("**Recommended: trial 1, better than vLLM's defaults (trial 0)")
+
+
+def test_overlapping_intervals_say_keep_the_current_config(make_study: MakeStudy, tmp_path: Path) -> None:
+    """The issue's case: a single-shot "+6.4 %" whose re-measured intervals overlap."""
+    current = trial(1, 291.3, 4.0, kind="current", flags={"tensor-parallel-size": 2, "max-num-batched-tokens": 999})
+    study = make_study([trial(0, 250.0, 6.0, kind="baseline"), current, trial(2, 310.0, 3.9),
+                        *confirm_runs(3, 2, [(302.0, 3.8), (316.0, 3.9), (330.0, 4.0)]),
+                        *confirm_runs(6, 1, [(300.6, 4.0), (313.5, 4.1), (326.4, 4.2)])])
+    run_report(study.storage, None, tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    lead = md.splitlines()[2]
+    assert lead.startswith("**Keep your current config (trial 1): nothing found is significantly better")
+    assert "no significant difference" in lead and "+6.4" not in md
+    assert "| output throughput (mean) |" in comparison_of(md)
+    assert "keep" in (tmp_path / "r" / "report.html").read_text().split("<h2>")[0].lower()
 
 
 def test_failure_leaves_nothing(study_db: StudyDb, tmp_path: Path) -> None:
