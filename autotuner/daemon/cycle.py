@@ -61,6 +61,7 @@ from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.verify import Verdict, verify
 from autotuner.vllm import FlagValue
+from autotuner.watch.probe import probe
 
 log = structlog.get_logger("autotuner.daemon")
 
@@ -410,8 +411,10 @@ class CycleDriver:
         flags = dict(cycle.candidate_flags or {})
         self.ctx.chain.record(flags, box_fingerprint(cycle.observed), "deployed", cycle.certificate, cycle.id)
         self.ctx.runtime.set(live_flags=flags, alarm=None)
-        cycle = self.states.transition(cycle, DONE, {"metrics": verdict.metrics}, outcome=DEPLOYED, down_since=None)
-        verified = verify_figures(cycle.certificate, verdict.metrics)
+        speedup = await self._production_speedup()
+        cycle = self.states.transition(cycle, DONE, {"metrics": verdict.metrics, "production_speedup": speedup},
+                                       outcome=DEPLOYED, down_since=None)
+        verified = verify_figures(cycle.certificate, verdict.metrics, speedup)
         self.ctx.notify("cycle-end", f"cycle {cycle.id} deployed trial {cycle.candidate_trial} "
                         f"(trigger {cycle.trigger_kind})",
                         {"flags": flags, "comparison": (cycle.certificate or {}).get("comparison"),
@@ -452,6 +455,16 @@ class CycleDriver:
                                        outcome=outcome, reason=f"{cycle.reason}{how}", down_since=None)
         self.ctx.notify("rollback", f"cycle {cycle.id} {outcome}: {cycle.reason}", {"restored": result.flags})
         return cycle
+
+    async def _production_speedup(self) -> float | None:
+        """A simulated production's speed-up (its /version says), which puts verify's wall-clock figures
+        in the certificate's units; None for a real vLLM or when it cannot be read."""
+        try:
+            snap = await probe(self.config.production.endpoint, api_key_env=self.config.production.api_key_env)
+        except Exception:  # a figure's units are not worth failing a verified deploy over
+            return None
+        speedup = (snap.simulator or {}).get("speedup")
+        return float(speedup) if isinstance(speedup, int | float) else None
 
     def _deployment(self, cycle: Cycle) -> Any:
         """The exporter's deployment of the cycle's winner, so that the file the daemon writes carries the

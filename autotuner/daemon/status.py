@@ -33,22 +33,23 @@ def certificate_figures(certificate: Any, selection: Any) -> dict[str, Any]:
     return {"metrics": {k: certificate.metrics.get(k) for k in ("output_tokens_per_s", "ttft_p95_s")},
             "intervals": {k: vars(iv) for k, iv in (c.intervals.items() if c is not None else ())
                           if k in ("output_tokens_per_s", "ttft_p95_s")},
-            "time_scale": float(selection.chosen.result.get("time_scale") or 1.0), "basis": certificate.basis,
+            "basis": certificate.basis,
             "comparison": certificate.comparisons[0]["sentence"] if certificate.comparisons else None}
 
 
-def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] | None) -> dict[str, Any] | None:
+def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] | None,
+                   production_speedup: float | None = None) -> dict[str, Any] | None:
     """Production's verify run in the certificate's units, compared with the certificate.
 
-    Verify times production by the wall clock; a study on the simulator is in simulated-hardware time,
-    which runs `time_scale` times slower than the simulator's wall clock. The figures are converted
-    (throughput divided by the scale, latencies multiplied) before they are compared with the
-    certificate's re-measured mean and its 95 % interval. Verify is one run: it is within the interval,
-    or above or below it, never "+x % better"."""
+    Verify times production by the wall clock. When production is `autotuner sim serve` at speed-up S,
+    its wall clock runs S times faster than the simulated hardware the certificate's figures are in:
+    throughput is divided by S and latencies multiplied before they are compared with the
+    certificate's re-measured mean and its 95 % interval. Verify is one run: it is within the
+    interval, or above or below it, never "+x % better"."""
     if not measured:
         return None
     cert = certificate or {}
-    scale = float(cert.get("time_scale") or 1.0)
+    scale = float(production_speedup or 1.0)
     figures: dict[str, Any] = {}
     sentences = []
     for metric, name, unit, digits in VERIFIED:
@@ -71,9 +72,12 @@ def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] 
         sentences.append(text)
     if not figures:
         return None
-    basis = cert.get("basis") or "the certificate's units"
-    how = (f"one verify run, wall-clock figures converted to {basis.split(';')[0]} (simulator speed-up {scale:g})"
-           if scale != 1 else "one verify run, wall-clock time")
+    basis = str(cert.get("basis") or "").split(";")[0]
+    if scale != 1:
+        how = f"one verify run, wall-clock figures of the simulator at speed-up {scale:g} converted to {basis}"
+    else:
+        how = "one verify run, wall-clock time" + (f" (the certificate is in {basis})" if "simulated" in basis
+                                                   else "")
     return {"figures": figures, "units": how, "summary": f"{'; '.join(sentences)} — {how}"}
 
 
@@ -81,7 +85,9 @@ def _verified(states: CycleStore, cycle: Any) -> dict[str, Any] | None:
     """The deploying cycle's verify figures, from its last transition."""
     done = next((e for e in states.events(kind="transition", cycle_id=cycle.id, limit=20)
                  if e.to_state == DONE and e.detail.get("metrics")), None)
-    return verify_figures(cycle.certificate, done.detail.get("metrics") if done is not None else None)
+    if done is None:
+        return None
+    return verify_figures(cycle.certificate, done.detail.get("metrics"), done.detail.get("production_speedup"))
 
 
 def _cycle(c: Any) -> dict[str, Any] | None:
