@@ -75,7 +75,7 @@ _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; display: block; overflow-x: auto;
         max-width: 100%; }
-td { overflow-wrap: anywhere; min-width: 4em; }
+td { min-width: 5em; }
 .lead { font-size: 1.1em; background: #f3f7ee; border-left: 4px solid #5a8f29; padding: 0.6em 0.9em; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f2f2f2; }

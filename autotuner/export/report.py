@@ -130,7 +130,8 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
         f"{len(study.trials)} trials ({shown_counts(study.trials)}); {len(analysis.feasible)} feasible, "
         f"{len(analysis.candidates)} also meet the scenario's SLOs; the Pareto front holds "
         f"{len(analysis.front)}.",
-        (f"Recommended ({POLICY}): trial {winner.trial_number}, {searched_flags(winner, sc.engine.flags)}."
+        (f"{'Best found' if compared and compared[0].keep_reference else 'Recommended'} ({POLICY}): trial "
+         f"{winner.trial_number}, {searched_flags(winner, sc.engine.flags)}."
          if winner is not None else
          "No trial is feasible under the scenario's SLOs: nothing to recommend. Tune longer or widen the "
          "search space toward less memory."),
