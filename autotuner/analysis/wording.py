@@ -22,10 +22,15 @@ _PREFIXES = ("not launched: ", "pruned: ")
 
 def outcome_text(trial: TrialRecord) -> str:
     """`skipped: offload not needed` rather than `oom-predicted`; other outcomes as stored."""
-    if trial.outcome != Outcome.OOM_PREDICTED:
-        return str(trial.outcome)
-    reason = bare_reason(trial.reason or "")
-    return next((shown for start, shown in _SKIPS if reason.startswith(start)), "skipped: predicted OOM")
+    return outcome_label(str(trial.outcome), trial.reason)
+
+
+def outcome_label(outcome: str, reason: str | None) -> str:
+    """The same for an outcome and reason as events carry them (the live view of `tune`)."""
+    if outcome != Outcome.OOM_PREDICTED:
+        return outcome
+    bare = bare_reason(reason or "")
+    return next((shown for start, shown in _SKIPS if bare.startswith(start)), "skipped: predicted OOM")
 
 
 def bare_reason(reason: str) -> str:
