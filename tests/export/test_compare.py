@@ -10,25 +10,15 @@ import pytest
 from autotuner.analysis.compare import Verdict, compare, headline
 from autotuner.analysis.evidence import confirmations
 from autotuner.analysis.wording import bare_reason, outcome_text, shorten
-from autotuner.store.db import TrialRecord
-from tests.support.studies import trial
+from tests.support.studies import confirm_runs, trial
 
 CHANGE = re.compile(r"[+-]\d+\.\d %")  # a claimed change, "+6.4 %"
 
 
-def runs(first: int, original: int, values: list[tuple[float, float]]) -> list[TrialRecord]:
-    out = []
-    for i, (thr, ttft) in enumerate(values):
-        t = trial(first + i, thr, ttft, kind="confirm")
-        t.result["confirms"] = original
-        out.append(t)
-    return out
-
-
 def test_overlapping_intervals_are_no_significant_difference() -> None:
     ours, ref = trial(2, 310.0, 3.9), trial(1, 291.3, 4.0, kind="current")
-    found = confirmations([*runs(3, 2, [(300.0, 3.9), (313.5, 4.0), (327.0, 4.1)]),
-                           *runs(6, 1, [(301.0, 4.0), (315.2, 3.9), (329.4, 4.1)])])
+    found = confirmations([*confirm_runs(3, 2, [(300.0, 3.9), (313.5, 4.0), (327.0, 4.1)]),
+                           *confirm_runs(6, 1, [(301.0, 4.0), (315.2, 3.9), (329.4, 4.1)])])
     c = compare(ours, ref, found)
     assert c.verdict == Verdict.TIE and c.keep_reference
     assert c.sentence().startswith("no significant difference from your current config (trial 1): keep it")
@@ -39,7 +29,8 @@ def test_overlapping_intervals_are_no_significant_difference() -> None:
 
 def test_intervals_apart_give_a_percentage_each_way() -> None:
     ours, ref = trial(2, 100.0, 4.0), trial(0, 50.0, 8.0, kind="baseline")
-    found = confirmations([*runs(3, 2, [(99.0, 4.0), (101.0, 4.1)]), *runs(5, 0, [(50.0, 8.0), (51.0, 8.2)])])
+    found = confirmations([*confirm_runs(3, 2, [(99.0, 4.0), (101.0, 4.1)]),
+                           *confirm_runs(5, 0, [(50.0, 8.0), (51.0, 8.2)])])
     better = compare(ours, ref, found)
     assert better.verdict == Verdict.BETTER and not better.keep_reference
     assert "output: +98.0 %" in better.sentence() and "TTFT p95: -50.0 %" in better.sentence()
@@ -49,13 +40,14 @@ def test_intervals_apart_give_a_percentage_each_way() -> None:
 
 def test_a_trade_off_is_named() -> None:
     ours, ref = trial(2, 100.0, 8.0), trial(0, 50.0, 4.0, kind="baseline")
-    found = confirmations([*runs(3, 2, [(99.0, 8.0), (101.0, 8.1)]), *runs(5, 0, [(50.0, 4.0), (51.0, 4.1)])])
+    found = confirmations([*confirm_runs(3, 2, [(99.0, 8.0), (101.0, 8.1)]),
+                           *confirm_runs(5, 0, [(50.0, 4.0), (51.0, 4.1)])])
     assert compare(ours, ref, found).verdict == Verdict.TRADE_OFF
 
 
 def test_a_single_run_claims_nothing() -> None:
     ours, ref = trial(2, 310.0, 3.9), trial(0, 291.3, 4.0, kind="baseline")
-    c = compare(ours, ref, confirmations(runs(3, 2, [(300.0, 3.9), (313.5, 4.0)])))
+    c = compare(ours, ref, confirmations(confirm_runs(3, 2, [(300.0, 3.9), (313.5, 4.0)])))
     assert c.verdict == Verdict.UNCONFIRMED and not c.differences
     assert "vLLM's defaults measured once only, so no difference is claimed" in c.sentence()
     assert not CHANGE.search(c.sentence()) and c.brief() == "vs defaults: not compared (one run)"

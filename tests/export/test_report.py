@@ -12,8 +12,8 @@ from autotuner.analysis.wording import outcome_text
 from autotuner.errors import UserInputError
 from autotuner.export.plots import memory_png
 from autotuner.export.report import run_report
-from autotuner.store.db import Store, TrialRecord
-from tests.support.studies import GIB, TOTAL, MakeStudy, StudyDb, trial
+from autotuner.store.db import Store
+from tests.support.studies import GIB, TOTAL, MakeStudy, StudyDb, confirm_runs, trial
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -45,16 +45,6 @@ def test_report_files(study_db: StudyDb, tmp_path: Path) -> None:
     assert html.count("data:image/png;base64,") == 1
     assert 'src="pareto.png"' not in html  # self-contained
     assert "<table>" in html and study_db.name in html
-
-
-def confirm_runs(first: int, original: int, runs: list[tuple[float, float]]) -> list[TrialRecord]:
-    """Re-measurements of trial `original`, stored as `confirm` trials from number `first` on."""
-    out = []
-    for i, (thr, ttft) in enumerate(runs):
-        t = trial(first + i, thr, ttft, kind="confirm")
-        t.result["confirms"] = original
-        out.append(t)
-    return out
 
 
 def comparison_of(md: str) -> str:

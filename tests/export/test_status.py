@@ -9,7 +9,7 @@ from rich.console import Console
 from autotuner.errors import UserInputError
 from autotuner.store.db import Store
 from autotuner.view.study_status import run_status
-from tests.support.studies import KNOWN_FRONT, MakeStudy, StudyDb, trial
+from tests.support.studies import KNOWN_FRONT, MakeStudy, StudyDb, confirm_runs, trial
 
 
 def status(storage: str, study: str | None = None) -> str:
@@ -44,12 +44,8 @@ def test_known_counts(make_study: MakeStudy) -> None:
 
 
 def test_re_measured_figures_and_their_comparison(make_study: MakeStudy) -> None:
-    runs = [trial(9 + i, thr, 4.0 + i / 10, kind="confirm") for i, thr in enumerate((89.0, 90.0, 91.0))]
-    base = [trial(12 + i, thr, 8.0 + i / 10, kind="confirm") for i, thr in enumerate((49.0, 50.0, 51.0))]
-    for t in runs:
-        t.result["confirms"] = 2
-    for t in base:
-        t.result["confirms"] = 0
+    runs = confirm_runs(9, 2, [(89.0, 4.0), (90.0, 4.1), (91.0, 4.2)])
+    base = confirm_runs(12, 0, [(49.0, 8.0), (50.0, 8.1), (51.0, 8.2)])
     study = make_study([trial(0, 50.0, 8.0, kind="baseline"), *KNOWN_FRONT[1:], *runs, *base])
     cells = row_of(status(study.storage), "known-front")
     assert cells[2:4] == ["8", "6"]
