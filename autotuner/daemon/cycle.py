@@ -365,11 +365,11 @@ class CycleDriver:
                 return self.states.transition(cycle, DONE, {"reason": result.reason}, outcome=FAILED,
                                               reason=f"production did not come back while waiting: {result.reason}")
             self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
-                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", self._proposal(cycle))
         elif not self.states.events(kind="proposed", cycle_id=cycle.id, limit=1):
             self.states.note("proposed", {"flags": cycle.candidate_flags, "trial": cycle.candidate_trial}, cycle.id)
             self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
-                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", self._proposal(cycle))
         decision = self.states.decision(cycle.id)
         if decision is None:
             return cycle  # parked
@@ -455,6 +455,10 @@ class CycleDriver:
                                        outcome=outcome, reason=f"{cycle.reason}{how}", down_since=None)
         self.ctx.notify("rollback", f"cycle {cycle.id} {outcome}: {cycle.reason}", {"restored": result.flags})
         return cycle
+
+    def _proposal(self, cycle: Cycle) -> dict[str, Any]:
+        """What a person deciding on a proposal reads: the flags and how they compare with what runs."""
+        return {"flags": cycle.candidate_flags, "comparison": (cycle.certificate or {}).get("comparison")}
 
     async def _production_speedup(self) -> float | None:
         """A simulated production's speed-up (its /version says), which puts verify's wall-clock figures
