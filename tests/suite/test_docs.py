@@ -67,3 +67,11 @@ def test_the_readme_stays_an_entry_point() -> None:
 
 def test_the_slug_follows_github() -> None:
     assert slug("Start from what you run: `autotuner init`") == "start-from-what-you-run-autotuner-init"
+
+
+def test_the_generated_references_are_current() -> None:
+    """Run `python -m tools.docs_reference` after changing a scenario or daemon-config model."""
+    from tools.docs_reference import pages
+
+    stale = [str(path.relative_to(ROOT)) for path, text in pages().items() if path.read_text() != text]
+    assert stale == []
