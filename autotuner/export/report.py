@@ -162,7 +162,7 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
         "knee. Hollow grey: measured but infeasible (missed an SLO, lost requests, or peaked above the OOM "
         "threshold). The band below lists trials "
         "that produced no measurement (OOM, failed start), by outcome; their reasons are in the trials table.",
-        Table(["trial", "searched flags", "output tok/s", "TTFT p95", "memory peak"], front_rows)
+        Table(["trial", "searched flags", "output tok/s (one run)", "TTFT p95 (one run)", "memory peak"], front_rows)
         if front_rows else "The front is empty.",
     ]))
 
@@ -197,7 +197,8 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
                      rate(m.get("output_tokens_per_s")), seconds(m.get("ttft_p95_s")),
                      percent(t.memory.get("peak_fraction")), reason])
     doc.sections.append(Section("Trials", [Table(
-        ["trial", "kind", "outcome", "searched flags", "output tok/s", "TTFT p95", "memory peak", "reason"], rows)]))
+        ["trial", "kind", "outcome", "searched flags", "output tok/s (one run)", "TTFT p95 (one run)", "memory peak",
+         "reason"], rows)]))
     return doc
 
 
