@@ -91,16 +91,17 @@ class Comparison:
         return self.verdict in (Verdict.TIE, Verdict.WORSE, Verdict.SAME)
 
     def sentence(self) -> str:
-        """One line, the same in every view."""
+        """One line, the same in every view: what was measured, not what to do (`headline` and the
+        export's recommendation say that, once, for the first reference)."""
         ref = f"{self.label} (trial {self.reference})"
         if self.verdict == Verdict.SAME:
-            return f"{ref} is the recommendation itself: keep it"
+            return f"{ref} is the recommendation itself"
         if self.verdict in (Verdict.UNCONFIRMED, Verdict.UNMEASURED):
             return f"against {ref}: {self.note}"
         figures = "; ".join(d.text() for d in self.differences)
         head = {Verdict.BETTER: f"better than {ref}",
-                Verdict.WORSE: f"worse than {ref}: keep it",
-                Verdict.TIE: f"{NO_DIFFERENCE} from {ref}: keep it",
+                Verdict.WORSE: f"worse than {ref}",
+                Verdict.TIE: f"{NO_DIFFERENCE} from {ref}",
                 Verdict.TRADE_OFF: f"a trade-off against {ref}"}[self.verdict]
         return f"{head} — {figures}"
 

@@ -68,8 +68,8 @@ def print_confirm(report: ConfirmReport) -> None:
     if not report.candidates:
         typer.echo(f"study {report.study}: no SLO-feasible trial to confirm")
         return
-    refs = (f", and for comparison trials {', '.join(map(str, report.references))} (vLLM's defaults / your "
-            "current config)" if report.references else "")
+    refs = (", and for comparison " + ", ".join(f"trial {n} ({report.labels.get(n, 'reference')})"
+                                                for n in report.references) if report.references else "")
     typer.echo(f"study {report.study}: {report.runs} confirmation runs of trials "
                f"{', '.join(map(str, report.candidates))}{refs} (interleaved)")
     for number in report.candidates + report.references:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from autotuner.analysis.candidates import Analysis, analyse, choose
-from autotuner.analysis.compare import references
+from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, confirmations, soaks
 from autotuner.analysis.slo import combine
@@ -36,6 +36,7 @@ class ConfirmReport:
     candidates: list[int]
     runs: int
     references: list[int] = field(default_factory=list)  # baseline / current config, re-measured beside them
+    labels: dict[int, str] = field(default_factory=dict)  # "vLLM's defaults", "your current config"
     summaries: dict[int, Confirmation] = field(default_factory=dict)
     single_shot_best: int | None = None
     confirmed_best: int | None = None
@@ -101,6 +102,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         return report
     refs = references_to_confirm(analysis, candidates)
     report.references = [t.trial_number for t in refs]
+    report.labels = {t.trial_number: reference_label(t) for t in refs}
     measured = candidates + refs
     study = ctx.study()
     naive = choose(policy, analysis)

@@ -21,7 +21,7 @@ def test_overlapping_intervals_are_no_significant_difference() -> None:
                            *confirm_runs(6, 1, [(301.0, 4.0), (315.2, 3.9), (329.4, 4.1)])])
     c = compare(ours, ref, found)
     assert c.verdict == Verdict.TIE and c.keep_reference
-    assert c.sentence().startswith("no significant difference from your current config (trial 1): keep it")
+    assert c.sentence().startswith("no significant difference from your current config (trial 1) — output: no")
     assert "313.5 ± 33.5 tok/s vs 315.2 ± 35.3 tok/s mean" in c.sentence()
     assert not CHANGE.search(c.sentence())
     assert headline(ours, [c]).startswith("Keep your current config (trial 1): nothing found is significantly")
