@@ -69,10 +69,13 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
     doc = build_document(analysis, winner, pareto, memory, compared)
     soak = last_soak(soaks(data.trials), winner.trial_number) if winner is not None else None
     soak_trial = next((t for t in data.trials if soak is not None and t.trial_number == soak.trial), None)
-    soak_memory = None
+    soak_memory: Image | str | None = None
     if soak_trial is not None and soak_trial.timeline:
         soak_memory = Image("soak-memory.png", f"GPU memory during the soak (trial {soak_trial.trial_number})",
                             memory_png(analysis, soak_trial))
+    elif soak_trial is not None:
+        soak_memory = (f"No memory timeline of the soak (trial {soak_trial.trial_number}) to draw: none was "
+                       "recorded (a run in virtual time keeps only its peak, in the soak table above).")
     section = verification_section(analysis, soak_memory)
     if winner is not None and single_shot is not None and winner.trial_number != single_shot.trial_number:
         section.blocks.insert(0, f"The single-shot best, trial {single_shot.trial_number}, was not the confirmed "
@@ -184,8 +187,8 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
             memory_blocks.insert(0, f"No recommendation: this is the baseline, trial {shown.trial_number}.")
     else:
         memory_blocks.append("No memory timeline to draw: " + (
-            "the trial was evaluated in virtual time, so only its peak per GPU was recorded (in the "
-            "certificate's and the trials table's memory peak)." if shown is not None and shown.memory.get("peak_bytes")
+            "none was recorded (a run in virtual time keeps only its peak per GPU, in the trials table's "
+            "memory peak and the export's certificate)." if shown is not None and shown.memory.get("peak_bytes")
             else "nothing was measured."))
     doc.sections.append(Section("Memory", memory_blocks))
 
@@ -235,7 +238,7 @@ def _comparison(c: Comparison, study: StudyData, winner: TrialRecord | None) -> 
     return Table(header, rows)
 
 
-def verification_section(analysis: Analysis, soak_memory: Image | None) -> Section:
+def verification_section(analysis: Analysis, soak_memory: Image | str | None) -> Section:
     """Confirmation intervals per re-measured trial, the soaks, and the winner's soak memory."""
     trials = analysis.study.trials
     confirmed = confirmations(trials)
