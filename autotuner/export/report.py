@@ -175,8 +175,11 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
 
     memory_blocks: list[str | Table | Image] = []
     shown = winner or study.baseline
-    if memory is not None and shown is not None:
-        memory_blocks.append(memory)
+    if shown is not None and shown.memory.get("peak_bytes"):
+        # The peaks per GPU always (they were measured); the plot only from a timeline that was recorded.
+        memory_blocks.append(memory if memory is not None else
+                             "No memory timeline to draw: none was recorded (a run in virtual time keeps only its "
+                             "peak per GPU, below).")
         engine, foreign = _split_peak(shown)
         memory_blocks.append(Table(
             ["GPU", "peak", "our engine", "other processes", "total", "headroom", "headroom %", "OOM threshold"], [
@@ -186,10 +189,7 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
         if winner is None:
             memory_blocks.insert(0, f"No recommendation: this is the baseline, trial {shown.trial_number}.")
     else:
-        memory_blocks.append("No memory timeline to draw: " + (
-            "none was recorded (a run in virtual time keeps only its peak per GPU, in the trials table's "
-            "memory peak and the export's certificate)." if shown is not None and shown.memory.get("peak_bytes")
-            else "nothing was measured."))
+        memory_blocks.append("No memory measurement to show.")
     doc.sections.append(Section("Memory", memory_blocks))
 
     rows = []
