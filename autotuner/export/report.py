@@ -209,7 +209,8 @@ def _comparison(c: Comparison, study: StudyData, winner: TrialRecord | None) -> 
     """One reference against the recommendation: re-measured means with their 95 % intervals and the
     difference only where the intervals are apart; single runs are shown as such and never compared."""
     if c.verdict == Verdict.SAME or winner is None:
-        return c.sentence() + "."
+        text = c.sentence()
+        return text[0].upper() + text[1:] + "."
     ref = next(t for t in study.trials if t.trial_number == c.reference)
     confirmed = confirmations(study.trials)
     mine, theirs = confirmed.get(winner.trial_number), confirmed.get(ref.trial_number)
