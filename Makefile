@@ -48,7 +48,7 @@ bench-vllm: $(VENV)/.installed
 	$(BIN)/python benchmarks/client_accuracy.py
 
 # The wheels the lent GPU machine lacks (tools/gpu_wheels.txt), for its Python 3.12 on x86-64, into
-# .whl/ (ignored by git; carried to the machine with `carry: [".whl"]`). README: "On a real GPU".
+# .whl/ (ignored by git; carried to the machine with `carry: [".whl"]`). docs/simulator.md: "On a real GPU".
 GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
 	manylinux1_x86_64
 gpu-wheels:

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 from autotuner.analysis.pareto import knee, metric_value, number, pareto_front
 from autotuner.analysis.slo import Slo
 from autotuner.analysis.study_data import StudyData
+from autotuner.analysis.wording import bare_reason
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
@@ -68,8 +69,11 @@ def verdict(trial: TrialRecord, analysis: Analysis) -> str:
     why = infeasible_reason(trial, analysis.study.scenario)
     missed = failing_slos(trial, analysis.slos) if why is None else []
     text = why or ("misses " + "; ".join(s.describe() for s in missed) if missed else "")
-    if trial.reason and trial.reason not in text:
-        text = f"{text}: {trial.reason}" if text else trial.reason
+    if trial.outcome != Outcome.OK and text == trial.outcome:
+        text = ""  # the outcome column says it: the reason alone, once (not "pruned: pruned: …")
+    reason = bare_reason(trial.reason or "")
+    if reason and reason not in text:
+        text = f"{text}: {reason}" if text else reason
     return text
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autotuner.analysis.candidates import Analysis, analyse, check_policy, choose
+from autotuner.analysis.compare import Comparison, comparisons
 from autotuner.analysis.confirmed import confirmation_problem, confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, SoakVerdict, confirmations, last_soak, soaks
 from autotuner.analysis.pareto import number
@@ -26,6 +27,8 @@ class Selection:
     soak: SoakVerdict | None = None
     single_shot: TrialRecord | None = None  # the single-shot choice, when confirmation chose another
     missing: list[str] = field(default_factory=list)  # verification the chosen trial lacks
+    # Against the user's current config, then vLLM's defaults: from re-measured intervals only.
+    comparisons: list[Comparison] = field(default_factory=list)
 
     @property
     def study(self) -> StudyData:
@@ -52,6 +55,7 @@ def select(storage: str, study: str | None, slo: list[str], policy: str) -> Sele
     if naive is not None and naive.trial_number != chosen.trial_number:
         selection.single_shot = naive
     selection.missing = missing_verification(selection)
+    selection.comparisons = comparisons(chosen, data.trials, confirmed)
     return selection
 
 

@@ -18,6 +18,7 @@ def status(
     watch: bool = typer.Option(False, "--watch", "-w", help="follow a running study (STUDY required): the "
                                "live table of `tune`, refreshed from the database until Ctrl-C"),
     interval: float = typer.Option(2.0, "--interval", help="seconds between refreshes with --watch"),
+    trial: int | None = typer.Option(None, "--trial", help="one trial of STUDY in full (its whole reason)"),
 ) -> None:
     """Studies in the storage and their trials; --watch follows a running study from another terminal."""
     from autotuner.view.study_status import run_status  # the study's analysis: start-up time
@@ -25,7 +26,7 @@ def status(
     with command_errors():
         if watch:
             raise typer.Exit(watch_status(storage, study, interval))
-        raise typer.Exit(run_status(storage, study))
+        raise typer.Exit(run_status(storage, study, trial=trial))
 
 
 def watch_status(storage: str, study: str | None, interval: float) -> int:

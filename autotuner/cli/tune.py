@@ -105,14 +105,14 @@ def tune(
                 summary = asyncio.run(main())
         else:
             summary = asyncio.run(main())
-    print_summary(summary, store.url)
+    print_summary(summary, store.url, [o.metric for o in sc.objectives])
     if not summary.interrupted and summary.stopped_reason is None:
         with command_errors():
             run_after_tune(sc, store, summary.study_name, runner, logs, *trust_plan, soak_s)
     raise typer.Exit(summary.exit_code)
 
 
-def print_summary(s: TuneSummary, storage: str = DEFAULT_STORAGE) -> None:
+def print_summary(s: TuneSummary, storage: str = DEFAULT_STORAGE, objectives: list[str] | None = None) -> None:
     from autotuner.secrets import display_url  # SQLAlchemy: start-up time
 
     where = "" if storage == DEFAULT_STORAGE else f" --storage {display_url(storage)}"
@@ -134,9 +134,11 @@ def print_summary(s: TuneSummary, storage: str = DEFAULT_STORAGE) -> None:
     if s.baseline is not None:
         typer.echo(f"baseline (vLLM defaults): trial {s.baseline['number']}, {s.baseline['outcome']}")
     for best in s.best[:10]:
-        values = ", ".join(f"{v:.4g}" for v in best["values"])
+        # Each value named: one run of the search, not yet re-measured (confirmation follows).
+        names = objectives or [f"objective {i}" for i in range(len(best["values"]))]
+        values = ", ".join(f"{n} {v:.4g}" for n, v in zip(names, best["values"], strict=False))
         params = " ".join(f"{k}={v}" for k, v in best["params"].items())
-        typer.echo(f"pareto: trial {best['number']}: [{values}] {params}")
+        typer.echo(f"pareto: trial {best['number']} (one run): {values}; {params}")
     if s.best:
         typer.echo(f"next: autotuner export --study {s.study_name}{where} --format yaml   |   "
                    f"autotuner report --study {s.study_name}{where} -o report/")

@@ -55,6 +55,7 @@ from autotuner.daemon.state import (
     Cycle,
     CycleStore,
 )
+from autotuner.daemon.status import certificate_figures, verify_figures
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.errors import AutotunerError, UserInputError
 from autotuner.fleet.coordinator import ADOPT_TRIGGER, CERTIFICATE, FLAGS, STUDY, WARM_START, Fleet
@@ -62,6 +63,7 @@ from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.verify import Verdict, verify
 from autotuner.vllm import FlagValue
+from autotuner.watch.probe import probe
 
 log = structlog.get_logger("autotuner.daemon")
 
@@ -385,7 +387,9 @@ class CycleDriver:
         cert = {"lines": certificate.lines(), "trial": certificate.trial, "study": certificate.study,
                 "peak_fraction": certificate.peak_fraction,
                 "headroom_gib": [g.headroom_gib for g in certificate.memory],
-                "headroom_pct": [g.headroom_pct for g in certificate.memory]}
+                "headroom_pct": [g.headroom_pct for g in certificate.memory],
+                # What verify is compared with (daemon/status.py), in the certificate's units.
+                **certificate_figures(certificate, selection)}
         manual = self.config.approve == "manual" or not self.target.can_take_down
         return self.states.transition(cycle, PROPOSED if manual else DEPLOY,
                                       {"trial": selection.chosen.trial_number, "flags": flags},
@@ -415,11 +419,11 @@ class CycleDriver:
                 return self.states.transition(cycle, DONE, {"reason": result.reason}, outcome=FAILED,
                                               reason=f"production did not come back while waiting: {result.reason}")
             self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
-                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", self._proposal(cycle))
         elif not self.states.events(kind="proposed", cycle_id=cycle.id, limit=1):
             self.states.note("proposed", {"flags": cycle.candidate_flags, "trial": cycle.candidate_trial}, cycle.id)
             self.ctx.notify("proposed", f"cycle {cycle.id} proposes trial {cycle.candidate_trial}: approve with "
-                            f"`autotuner daemon approve CONFIG {cycle.id}`", {"flags": cycle.candidate_flags})
+                            f"`autotuner daemon approve CONFIG {cycle.id}`", self._proposal(cycle))
         decision = self.states.decision(cycle.id)
         if decision is None:
             return cycle  # parked
@@ -431,7 +435,8 @@ class CycleDriver:
                                           reason=f"rejected by {who}")
         if not self.target.can_take_down:
             # Approved, and the target only writes: the file is the deployment, a person restarts the service.
-            await asyncio.to_thread(self.target.write, cycle.candidate_flags or {})
+            deployment = self._deployment(cycle)
+            await asyncio.to_thread(lambda: self.target.write(cycle.candidate_flags or {}, deployment=deployment))
             self.ctx.runtime.set(live_flags=cycle.candidate_flags)
             return self.states.transition(cycle, DONE, {"reason": "written; restart production to run it"},
                                           outcome=WRITTEN, reason="written to the config file; production runs it "
@@ -441,7 +446,7 @@ class CycleDriver:
     async def _deploy(self, cycle: Cycle) -> Cycle:
         assert cycle.candidate_flags is not None
         self.states.update(cycle, down_since=cycle.down_since or time.time())
-        problem = await self.ctx.keeper.start_on(dict(cycle.candidate_flags))
+        problem = await self.ctx.keeper.start_on(dict(cycle.candidate_flags), self._deployment(cycle))
         if problem is not None:
             # A failed start is the box's answer, whatever workload the next cycle tunes for.
             self.ctx.refusals.record(box_fingerprint(cycle.observed), cycle.candidate_flags, START, problem, cycle.id)
@@ -462,9 +467,14 @@ class CycleDriver:
         flags = dict(cycle.candidate_flags or {})
         self.ctx.chain.record(flags, box_fingerprint(cycle.observed), "deployed", cycle.certificate, cycle.id)
         self.ctx.runtime.set(live_flags=flags, alarm=None)
-        cycle = self.states.transition(cycle, DONE, {"metrics": verdict.metrics}, outcome=DEPLOYED, down_since=None)
+        speedup = await self._production_speedup()
+        cycle = self.states.transition(cycle, DONE, {"metrics": verdict.metrics, "production_speedup": speedup},
+                                       outcome=DEPLOYED, down_since=None)
+        verified = verify_figures(cycle.certificate, verdict.metrics, speedup)
         self.ctx.notify("cycle-end", f"cycle {cycle.id} deployed trial {cycle.candidate_trial} "
-                        f"(trigger {cycle.trigger_kind})", {"flags": flags})
+                        f"(trigger {cycle.trigger_kind})",
+                        {"flags": flags, "comparison": (cycle.certificate or {}).get("comparison"),
+                         "verify": verified and f"verified in production: {verified['summary']}"})
         return cycle
 
     async def _soak_production(self, cycle: Cycle, soak_s: float) -> Verdict:
@@ -509,6 +519,35 @@ class CycleDriver:
                                        outcome=outcome, reason=f"{cycle.reason}{how}", down_since=None)
         self.ctx.notify("rollback", f"cycle {cycle.id} {outcome}: {cycle.reason}", {"restored": result.flags})
         return cycle
+
+    def _proposal(self, cycle: Cycle) -> dict[str, Any]:
+        """What a person deciding on a proposal reads: the flags and how they compare with what runs."""
+        return {"flags": cycle.candidate_flags, "comparison": (cycle.certificate or {}).get("comparison")}
+
+    async def _production_speedup(self) -> float | None:
+        """A simulated production's speed-up (its /version says), which puts verify's wall-clock figures
+        in the certificate's units; None for a real vLLM or when it cannot be read."""
+        try:
+            snap = await probe(self.config.production.endpoint, api_key_env=self.config.production.api_key_env)
+        except Exception:  # a figure's units are not worth failing a verified deploy over
+            return None
+        speedup = (snap.simulator or {}).get("speedup")
+        return float(speedup) if isinstance(speedup, int | float) else None
+
+    def _deployment(self, cycle: Cycle) -> Any:
+        """The exporter's deployment of the cycle's winner, so that the file the daemon writes carries the
+        certificate and the full run hint (environment variables included), as `export --format yaml`
+        does; None (a bare header) when the study cannot be read back."""
+        from autotuner.analysis.selection import select
+        from autotuner.export.certificate import build_certificate
+        from autotuner.export.formats import deployment
+
+        try:
+            selection = select(self.store.url, cycle.study_name, [], self.config.tune.policy)
+            return deployment(selection, build_certificate(selection, [f"daemon deploy target {self.target.kind}"]))
+        except Exception as exc:  # the header is documentation: never a reason not to deploy
+            log.warning("daemon.no_certificate_header", cycle=cycle.id, error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def _candidate_went_live(self, cycle: Cycle) -> bool:
         return any(e.to_state == VERIFY or (e.from_state == DEPLOY)

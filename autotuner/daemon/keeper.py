@@ -156,14 +156,15 @@ class Keeper:
         return f"production not ready after {timeout_s:.0f} s: {last}"
 
     # --- starting ------------------------------------------------------------------------------------
-    async def start_on(self, flags: dict[str, Any]) -> str | None:
-        """Write `flags` (unless live already) and (re)start production; None once it serves, else why not."""
+    async def start_on(self, flags: dict[str, Any], deployment: Any = None) -> str | None:
+        """Write `flags` (unless live already) and (re)start production; None once it serves, else why not.
+        `deployment` (the exporter's) heads the file with the certificate and the full run hint."""
         try:
             live = self.target.current()
             if (live or {}) != flags:
                 # A live config production refused (it OOMed) must not become `.previous`.
                 keep = live is None or self.refusals.refused(self.fingerprint(), live) is None
-                await asyncio.to_thread(lambda: self.target.write(flags, keep_previous=keep))
+                await asyncio.to_thread(lambda: self.target.write(flags, deployment=deployment, keep_previous=keep))
             await asyncio.to_thread(self.target.apply)
         except DeployError as exc:
             return str(exc)

@@ -154,6 +154,8 @@ class Notifier:
         # Masked before it leaves: a chat channel is not a place for a secret either. Anything that is not
         # JSON already becomes its string.
         detail = json.loads(json.dumps(detail, default=str))
+        # What the event's evidence says, in the same words as the certificate and /status.
+        text = "\n".join([text, *(str(detail[k]) for k in ("comparison", "verify") if detail.get(k))])
         body = redact_secrets(None, "notify", {"text": f"[{self.deployment}] {text}"[:MAX_TEXT], "event": event,
                                                "deployment": self.deployment, "detail": detail})
         return json.dumps(body, ensure_ascii=False).encode()

@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from autotuner.analysis.wording import shorten
 from autotuner.daemon.config import DaemonConfig
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
@@ -20,6 +21,73 @@ from autotuner.secrets import redact_value, remember_url_password
 
 def _when(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+
+
+# Verify's figures put beside the certificate's: (metric, name, unit, digits).
+VERIFIED = (("output_tokens_per_s", "output", "tok/s", 1), ("ttft_p95_s", "TTFT p95", "s", 3))
+
+
+def certificate_figures(certificate: Any, selection: Any) -> dict[str, Any]:
+    """The certificate's figures a later verify is compared with: means, 95 % intervals, their units."""
+    c = selection.confirmation
+    return {"metrics": {k: certificate.metrics.get(k) for k in ("output_tokens_per_s", "ttft_p95_s")},
+            "intervals": {k: vars(iv) for k, iv in (c.intervals.items() if c is not None else ())
+                          if k in ("output_tokens_per_s", "ttft_p95_s")},
+            "basis": certificate.basis,
+            "comparison": certificate.comparisons[0]["sentence"] if certificate.comparisons else None}
+
+
+def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] | None,
+                   production_speedup: float | None = None) -> dict[str, Any] | None:
+    """Production's verify run in the certificate's units, compared with the certificate.
+
+    Verify times production by the wall clock. When production is `autotuner sim serve` at speed-up S,
+    its wall clock runs S times faster than the simulated hardware the certificate's figures are in:
+    throughput is divided by S and latencies multiplied before they are compared with the
+    certificate's re-measured mean and its 95 % interval. Verify is one run: it is within the
+    interval, or above or below it, never "+x % better"."""
+    if not measured:
+        return None
+    cert = certificate or {}
+    scale = float(production_speedup or 1.0)
+    figures: dict[str, Any] = {}
+    sentences = []
+    for metric, name, unit, digits in VERIFIED:
+        value = measured.get(metric)
+        if not isinstance(value, int | float):
+            continue
+        converted = value / scale if metric.endswith("per_s") else value * scale
+        iv = (cert.get("intervals") or {}).get(metric)
+        mean = (cert.get("metrics") or {}).get(metric)
+        figures[metric] = {"wall_clock": value, "in_certificate_units": round(converted, 6),
+                           "certificate_mean": mean, "certificate_interval": iv}
+        text = f"{name} {converted:.{digits}f} {unit}"
+        if iv:
+            where = ("within" if iv["low"] <= converted <= iv["high"] else
+                     "above" if converted > iv["high"] else "below")
+            text += (f" ({where} the certificate's 95 % interval {iv['low']:.{digits}f}–{iv['high']:.{digits}f}, "
+                     f"mean {iv['mean']:.{digits}f})")
+        elif isinstance(mean, int | float):
+            text += f" (certificate: {mean:.{digits}f}, one run)"
+        sentences.append(text)
+    if not figures:
+        return None
+    basis = str(cert.get("basis") or "").split(";")[0]
+    if scale != 1:
+        how = f"one verify run, wall-clock figures of the simulator at speed-up {scale:g} converted to {basis}"
+    else:
+        how = "one verify run, wall-clock time" + (f" (the certificate is in {basis})" if "simulated" in basis
+                                                   else "")
+    return {"figures": figures, "units": how, "summary": f"{'; '.join(sentences)} — {how}"}
+
+
+def _verified(states: CycleStore, cycle: Any) -> dict[str, Any] | None:
+    """The deploying cycle's verify figures, from its last transition."""
+    done = next((e for e in states.events(kind="transition", cycle_id=cycle.id, limit=20)
+                 if e.to_state == DONE and e.detail.get("metrics")), None)
+    if done is None:
+        return None
+    return verify_figures(cycle.certificate, done.detail.get("metrics"), done.detail.get("production_speedup"))
 
 
 def _cycle(c: Any) -> dict[str, Any] | None:
@@ -82,7 +150,8 @@ def status_document(states: CycleStore, config: DaemonConfig, runtime: dict[str,
         "cycle": _cycle(current),
         "deployed": None if deployed is None or not still_live else {
             "flags": last_flags, "study": deployed.study_name, "trial": deployed.candidate_trial,
-            "certificate": deployed.certificate, "since": _when(deployed.ended_at)},
+            "certificate": deployed.certificate, "since": _when(deployed.ended_at),
+            "verify": _verified(states, deployed)},
         "last_deploy": None if deployed is None else {
             "cycle": deployed.id, "trial": deployed.candidate_trial, "study": deployed.study_name,
             "since": _when(deployed.ended_at), "live": still_live},
@@ -159,6 +228,8 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"deployed: trial {d['trial']} of study {d['study']} since {d['since']}: {flags}")
         for line in (d.get("certificate") or {}).get("lines", [])[:6]:
             out.append(f"  {line}")
+        if d.get("verify"):
+            out.append(f"  verified in production: {d['verify']['summary']}")
     elif ld:
         out.append(f"deployed: not the daemon's last deploy (cycle {ld['cycle']}, trial {ld['trial']}): production "
                    "now runs another config (a rollback or a hand edit since)")
@@ -179,7 +250,7 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
                + (f" (backoff after {n['failed_in_a_row']} failed cycles)" if n.get("failed_in_a_row") else ""))
     for r in doc.get("refused") or []:
         flags = " ".join(f"{k}={v}" for k, v in r["flags"].items())
-        out.append(f"refused ({r['kind']}, {r['count']}×, last {r['last_at']}): {flags}: {r['reason'][:160]}")
+        out.append(f"refused ({r['kind']}, {r['count']}×, last {r['last_at']}): {flags}: {shorten(r['reason'], 160)}")
     k = doc["counts"]
     out.append(f"cycles {k['cycles']}, deployed {k['deployed']}, rollbacks {k['rollbacks']}, trials {k['trials']}")
     return out

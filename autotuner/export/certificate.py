@@ -19,7 +19,7 @@ from autotuner.store.db import TrialRecord
 from autotuner.trials import memory_margin
 from autotuner.trials.offload_axis import from_flags
 from autotuner.trials.scoring import threshold_of
-from autotuner.units import GIB, change, percent, rate, seconds
+from autotuner.units import GIB, percent, rate, seconds
 
 # The figures a deployer asks about first, in the order they are shown.
 CERTIFIED_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p95_s",
@@ -93,7 +93,7 @@ class Verification:
 def _interval(iv: dict[str, Any] | None, unit: str) -> str:
     if not iv:
         return "-"
-    return f"{iv['mean']:.4g} {unit} (95 % CI {iv['low']:.4g}–{iv['high']:.4g}, n={iv['n']})"
+    return f"mean {iv['mean']:.4g} {unit} (95 % CI {iv['low']:.4g}–{iv['high']:.4g}, n={iv['n']})"
 
 
 @dataclass
@@ -116,6 +116,11 @@ class Certificate:
     workload: str
     baseline: BaselineComparison | None
     simulator: str | None
+    # What `metrics` are: "mean of 3 re-measurements, simulated-hardware time" or "one run, wall-clock time".
+    basis: str = ""
+    # Against the user's current config and vLLM's defaults (analysis.compare), and what to do about it.
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: str | None = None
     target: list[str] = field(default_factory=list)
     verification: Verification | None = None
     autotuner_version: str = __version__
@@ -130,8 +135,10 @@ class Certificate:
         out = [
             f"autotuner certificate: study {self.study}, trial {self.trial} ({self.kind}), policy {self.policy}, "
             f"measured {self.measured_at}",
+            *([f"RECOMMENDATION: {self.recommendation}"] if self.recommendation else []),
             f"SLOs: {'; '.join(self.slos) if self.slos else 'none'}",
-            f"measured: output {rate(m.get('output_tokens_per_s'))}, TTFT p50 {seconds(m.get('ttft_p50_s'))} / "
+            f"measured ({self.basis or 'one run'}):",
+            f"  output {rate(m.get('output_tokens_per_s'))}, TTFT p50 {seconds(m.get('ttft_p50_s'))} / "
             f"p95 {seconds(m.get('ttft_p95_s'))}, TPOT p50 {seconds(m.get('tpot_p50_s'))}, "
             f"e2e p95 {seconds(m.get('e2e_p95_s'))}, {m.get('completed', '-')} completed / "
             f"{m.get('failed', '-')} failed",
@@ -147,8 +154,9 @@ class Certificate:
             f"GPUs: {inventory_summary(self.gpu_inventory)}",
             f"model: {self.model} (fingerprint {self.model_fingerprint})",
             f"workload: {self.workload} (fingerprint {self.workload_fingerprint})",
-            baseline_line(self.baseline, self.metrics),
         ]
+        out += ([f"this config: {c['sentence']}" for c in self.comparisons] if self.comparisons
+                else [baseline_line(self.baseline)])
         if self.simulator:
             out.append(f"simulator: {self.simulator}")
         if self.verification is not None:
@@ -173,13 +181,37 @@ def build_certificate(selection: Selection, target: list[str], allow_unverified:
         workload=workload_text(study.scenario), baseline=_baseline(selection.baseline),
         simulator=simulator_note(study, chosen), target=list(target), foreign=foreign_line(chosen),
         verification=verification(selection, allow_unverified),
+        comparisons=[c.to_dict() for c in selection.comparisons], recommendation=recommendation(selection),
     )
-    if selection.confirmation is not None:  # the claim is the re-measured mean, not the lucky shot
-        for metric, iv in selection.confirmation.intervals.items():
+    c = selection.confirmation
+    certificate.basis = f"{time_basis(study)}; " + (
+        f"mean of {max(iv.n for iv in c.intervals.values())} re-measurements, worst memory peak of all runs"
+        if c is not None and c.intervals else "one run, not re-measured")
+    if c is not None:  # the claim is the re-measured mean, not the lucky shot
+        for metric, iv in c.intervals.items():
             if metric in certificate.metrics:
                 certificate.metrics[metric] = iv.mean
-        certificate.peak_fraction = selection.confirmation.worst_peak_fraction
+        certificate.peak_fraction = c.worst_peak_fraction
     return certificate
+
+
+def recommendation(selection: Selection) -> str | None:
+    """Keep the reference when nothing found beats it (None when the exported config is the advice)."""
+    first = selection.comparisons[0] if selection.comparisons else None
+    if first is None or not first.keep_reference:
+        return None
+    if first.reference == selection.chosen.trial_number:
+        return f"keep {first.label}: it is the best configuration found (trial {first.reference})"
+    return (f"keep {first.label} (trial {first.reference}): this config is not significantly better; "
+            "deploy it only for its other differences")
+
+
+def time_basis(study: StudyData) -> str:
+    """Which clock the figures were measured on: a simulator's figures are not the box's wall clock."""
+    backend = backend_for(study.scenario)
+    if not backend.simulated:
+        return "wall-clock time on the box"
+    return "simulated-hardware time" if backend.runs_process else "simulated, virtual time"
 
 
 def verification(selection: Selection, allow_unverified: bool) -> Verification:
@@ -294,15 +326,14 @@ def _baseline(trial: TrialRecord | None) -> BaselineComparison | None:
                               trial.memory.get("peak_fraction"))
 
 
-def baseline_line(baseline: BaselineComparison | None, winner: dict[str, float | int | None]) -> str:
+def baseline_line(baseline: BaselineComparison | None) -> str:
+    """The baseline's own single run, when no comparison could be made: figures, never a percentage."""
     if baseline is None:
         return f"{BASELINE_LABEL}: not measured in this study"
     head = f"{BASELINE_LABEL}: trial {baseline.trial}, {baseline.outcome}"
     m = baseline.metrics
     if baseline.outcome != "ok" or m.get("output_tokens_per_s") is None:
         return head + (f" — {baseline.reason}" if baseline.reason else "")
-    thr, ttft = m.get("output_tokens_per_s"), m.get("ttft_p95_s")
-    return (f"{head} — output {rate(thr)}, TTFT p95 {seconds(ttft)}, peak {percent(baseline.peak_fraction)}; "
-            f"this config: output {change(winner.get('output_tokens_per_s'), thr)}, "
-            f"TTFT p95 {change(winner.get('ttft_p95_s'), ttft)}")
+    return (f"{head} — one run: output {rate(m.get('output_tokens_per_s'))}, TTFT p95 {seconds(m.get('ttft_p95_s'))}, "
+            f"peak {percent(baseline.peak_fraction)}")
 

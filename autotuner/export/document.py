@@ -34,6 +34,8 @@ class Section:
 class Document:
     title: str
     sections: list[Section] = field(default_factory=list)
+    lead: str = ""  # the verdict, the first thing a reader sees under the title
+
 
     def images(self) -> list[Image]:
         return [b for s in self.sections for b in s.blocks if isinstance(b, Image)]
@@ -50,6 +52,8 @@ def _md_cell(text: str) -> str:
 
 def to_markdown(doc: Document) -> str:
     out = [f"# {_md_line(doc.title)}", ""]
+    if doc.lead:
+        out += [f"**{_md_line(doc.lead)}**", ""]
     for section in doc.sections:
         out += [f"## {_md_line(section.title)}", ""]
         for block in section.blocks:
@@ -66,9 +70,13 @@ def to_markdown(doc: Document) -> str:
     return "\n".join(out)
 
 
+# A wide table scrolls inside its own box on a phone instead of widening the page; the verdict stands out.
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0 1em; display: block; overflow-x: auto;
+        max-width: 100%; }
+td { min-width: 5em; }
+.lead { font-size: 1.1em; background: #f3f7ee; border-left: 4px solid #5a8f29; padding: 0.6em 0.9em; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f2f2f2; }
 img { max-width: 100%; }
@@ -78,8 +86,11 @@ code { background: #f4f4f4; padding: 0 3px; }
 
 def to_html(doc: Document) -> str:
     e = html.escape
-    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{e(doc.title)}</title>",
+    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">"
+           "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">", f"<title>{e(doc.title)}</title>",
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(doc.title)}</h1>"]
+    if doc.lead:
+        out.append(f"<p class=\"lead\"><strong>{e(doc.lead)}</strong></p>")
     for section in doc.sections:
         out.append(f"<h2>{e(section.title)}</h2>")
         for block in section.blocks:

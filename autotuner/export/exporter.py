@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from autotuner.analysis.candidates import check_policy
-from autotuner.analysis.selection import select
+from autotuner.analysis.compare import COMPARED, show
+from autotuner.analysis.evidence import higher_is_better
+from autotuner.analysis.selection import Selection, select
 from autotuner.analysis.slo import parse_slo
 from autotuner.errors import UserInputError
 from autotuner.export.atomic import check_output_file, replacement_mode, write_text_atomic
@@ -48,11 +50,9 @@ def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt
     certificate = build_certificate(selection, target.notes, allow_unverified)
     text = RENDERERS[fmt](deployment(selection, certificate))
 
-    chosen = selection.chosen
-    summary = (f"trial {chosen.trial_number} of study {selection.study.name} ({policy}): "
-               f"{chosen.metrics.get('output_tokens_per_s', 0):.1f} tok/s, TTFT p95 "
-               f"{chosen.metrics.get('ttft_p95_s', 0):.3f} s, memory peak "
-               f"{(chosen.memory.get('peak_fraction') or 0):.1%}")
+    summary = summary_line(selection)
+    if certificate.recommendation:
+        _say(f"recommendation: {certificate.recommendation}")
     if to_stdout:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -62,6 +62,27 @@ def run_export(storage: str, study: str | None, slo: list[str], policy: str, fmt
         write_text_atomic(output, text, replacement_mode(output))
         _say(f"wrote {output} ({fmt}): {summary}")
     return 0
+
+
+def summary_line(selection: Selection) -> str:
+    """What was exported, each figure saying what it is: the re-measured mean with its 95 % interval and
+    the bound the selection counted on, or the one run it was; then the comparison with the reference."""
+    chosen = selection.chosen
+    c = selection.confirmation
+    parts = []
+    for metric, name, unit, digits in COMPARED:
+        iv = c.intervals.get(metric) if c is not None else None
+        if iv is not None:
+            bound, side = (iv.low, "at least") if higher_is_better(metric) else (iv.high, "at most")
+            parts.append(f"{name} mean {show(iv, unit, digits)} ({side} {bound:.{digits}f}, 95 % bound)")
+        elif isinstance(value := chosen.metrics.get(metric), int | float):
+            parts.append(f"{name} {value:.{digits}f} {unit} (one run)")
+    peak = c.worst_peak_fraction if c is not None else chosen.memory.get("peak_fraction")
+    parts.append(f"memory peak {(peak or 0):.1%} ({'worst of all runs' if c is not None else 'one run'})")
+    line = f"trial {chosen.trial_number} of study {selection.study.name} ({selection.policy}): " + ", ".join(parts)
+    if selection.comparisons:
+        line += f"; {selection.comparisons[0].sentence()}"
+    return line
 
 
 def _say(line: str) -> None:

@@ -15,10 +15,13 @@ import matplotlib
 matplotlib.use("Agg")  # no display, no GUI toolkit: files only
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from autotuner.analysis.candidates import THROUGHPUT, TTFT, Analysis
 from autotuner.analysis.evidence import confirmations
+from autotuner.analysis.wording import outcome_text
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import TRUST_KINDS
 from autotuner.trials.scoring import threshold_of
@@ -69,7 +72,9 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     if good:
         sc = ax.scatter([x for _, x, _ in good], [y for _, _, y in good], c=[t.trial_number for t, _, _ in good],
                         cmap="viridis", s=40, zorder=3, label="feasible")
-        fig.colorbar(sc, ax=ax, label="trial number", pad=0.01)
+        bar = fig.colorbar(sc, ax=ax, label="trial number", pad=0.01)
+        bar.locator = MaxNLocator(integer=True)  # trial numbers: no 0.25, 1.25, …
+        bar.update_ticks()
     if front:
         ax.plot([_measured(t, TTFT) for t in front], [_measured(t, THROUGHPUT) for t in front], color="crimson",
                 lw=1.2, zorder=2, drawstyle="steps-post")
@@ -79,18 +84,19 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
         ax.scatter([_measured(chosen, TTFT)], [_measured(chosen, THROUGHPUT)], marker="*", s=260, color="gold",
                    edgecolors="black", zorder=5, label=f"knee: trial {chosen.trial_number}")
     labelled = False
-    for c in confirmations(study.trials).values():
+    for number, c in sorted(confirmations(study.trials).items()):
         thr, ttft = c.intervals.get(THROUGHPUT), c.intervals.get(TTFT)
         if thr is None or ttft is None:
             continue
         ax.errorbar([ttft.mean], [thr.mean], xerr=[[ttft.mean - ttft.low], [ttft.high - ttft.mean]],
                     yerr=[[thr.mean - thr.low], [thr.high - thr.mean]], fmt="D", color="black", ms=4, capsize=3,
-                    lw=1, zorder=6, label=None if labelled else "confirmed: mean, 95 % CI")
+                    lw=1, zorder=6, label=None if labelled else "re-measured: mean, 95 % CI (#trial)")
+        _label(ax, f"#{number}", ttft.mean, thr.mean, (5, 3), "left", "bottom")
         labelled = True
     baseline = study.baseline
     if baseline is not None and _measured(baseline, TTFT) is not None and _measured(baseline, THROUGHPUT):
-        ax.annotate(f"baseline #{baseline.trial_number}", (_measured(baseline, TTFT), _measured(baseline, THROUGHPUT)),
-                    textcoords="offset points", xytext=(6, -12), fontsize=8)
+        _label(ax, f"baseline #{baseline.trial_number}", _measured(baseline, TTFT) or 0.0,
+               _measured(baseline, THROUGHPUT) or 0.0, (0, -10), "center", "top")
     if TTFT in scenario.slos:
         ax.axvline(scenario.slos[TTFT], color="0.3", ls="--", lw=1, label=f"SLO TTFT p95 ≤ {scenario.slos[TTFT]:g} s")
     ax.set_xlabel("TTFT p95 (s)")
@@ -100,14 +106,16 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     if not points:
         ax.text(0.5, 0.5, "no trial produced measurements", ha="center", va="center", transform=ax.transAxes)
     ax.legend(fontsize=8, loc="best")
+    ax.margins(x=0.12, y=0.12)  # room for the labels at the edges: nothing clipped
 
     # The band: trials that did not run to a measurement, by outcome.
     failed = [t for t in searched if t.outcome != "ok"]
-    outcomes = sorted({t.outcome for t in failed})
+    outcomes = sorted({outcome_text(t) for t in failed})
     numbers = [t.trial_number for t in searched] or [0]
     for row, outcome in enumerate(outcomes):
-        xs = [t.trial_number for t in failed if t.outcome == outcome]
-        band.scatter(xs, [row] * len(xs), marker="x", color="crimson" if "oom" in outcome else "0.35", s=36)
+        xs = [t.trial_number for t in failed if outcome_text(t) == outcome]
+        band.scatter(xs, [row] * len(xs), marker="x", color="crimson" if "oom" in outcome.lower() else "0.35", s=36)
+    band.xaxis.set_major_locator(MaxNLocator(integer=True))
     band.set_yticks(range(len(outcomes)), outcomes, fontsize=8)
     band.set_ylim(-0.7, max(len(outcomes), 1) - 0.3)
     band.set_xlim(min(numbers) - 0.5, max(numbers) + 0.5)
@@ -120,9 +128,17 @@ def pareto_figure(analysis: Analysis, chosen: TrialRecord | None) -> Figure:
     return fig
 
 
+def _label(ax: Axes, text: str, x: float, y: float, offset: tuple[int, int], ha: str, va: str) -> None:
+    """A small label beside a point, on a white ground so that lines do not cross it, never clipped."""
+    ax.annotate(text, (x, y), textcoords="offset points", xytext=offset, ha=ha, va=va, fontsize=7,
+                annotation_clip=False, zorder=7, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                                       "alpha": 0.8})
+
+
 def memory_png(analysis: Analysis, trial: TrialRecord) -> bytes:
-    """Per-GPU used memory over the trial, with each GPU's total and the OOM threshold. A trial
-    evaluated in virtual time has no timeline: its per-GPU peaks are drawn instead."""
+    """Per-GPU used memory over the trial, with each GPU's total and the OOM threshold. Callers draw it
+    only for a trial with a timeline: one evaluated in virtual time has its per-GPU peaks only, which a
+    sentence says better than a row of identical bars."""
     scenario = analysis.study.scenario
     memory = trial.memory
     totals_raw = memory.get("total_bytes")
@@ -134,20 +150,17 @@ def memory_png(analysis: Analysis, trial: TrialRecord) -> bytes:
     limit = threshold.limit_bytes(min(totals)) if totals else 0
     fig, ax = plt.subplots(figsize=(8, 4.2))
     timeline = trial.timeline
-    if timeline:
-        scale = float(trial.result.get("time_scale") or 1.0)
-        ts = [float(point[0]) * scale for point in timeline]
-        width = len(timeline[0][1])
-        for i in range(width):
-            label = f"GPU {devices[i]}" if i < len(devices) else f"device {i}"
-            ax.plot(ts, [point[1][i] / GIB for point in timeline], lw=1.1, label=label)
-        ax.set_xlabel("time since launch (s" + (", simulated-hardware time)" if scale != 1 else ")"))
-        title = f"trial {trial.trial_number}: GPU memory in use"
-    else:
-        xs = list(range(len(peaks)))
-        ax.bar(xs, [p / GIB for p in peaks], color="steelblue", label="peak")
-        ax.set_xticks(xs, [f"GPU {d}" for d in devices[: len(xs)]], fontsize=8)
-        title = f"trial {trial.trial_number}: peak GPU memory (no timeline: evaluated in virtual time)"
+    scale = float(trial.result.get("time_scale") or 1.0)
+    ts = [float(point[0]) * scale for point in timeline]
+    width = len(timeline[0][1]) if timeline else 0
+    for i in range(width):
+        label = f"GPU {devices[i]}" if i < len(devices) else f"device {i}"
+        ax.plot(ts, [point[1][i] / GIB for point in timeline], lw=1.1, label=label)
+    ax.set_xlabel("time since launch (s, " + ("simulated-hardware time)" if scale != 1 else "wall-clock)"))
+    title = f"trial {trial.trial_number}: GPU memory in use"
+    if not timeline:
+        ax.text(0.5, 0.5, f"no memory timeline recorded (peak {max(peaks or [0]) / GIB:.2f} GiB)", ha="center",
+                va="center", transform=ax.transAxes)
     if total:
         ax.axhline(total / GIB, color="black", lw=1.2, label=f"total {total / GIB:.2f} GiB")
         ax.axhline(limit / GIB, color="crimson", ls="--", lw=1.2, label=f"OOM threshold {limit / GIB:.2f} GiB")

@@ -13,14 +13,21 @@ import sys
 from pathlib import Path
 
 from autotuner.analysis.candidates import Analysis, analyse, choose, verdict
-from autotuner.analysis.confirmed import confirmed_ranking
+from autotuner.analysis.compare import (
+    Comparison,
+    Difference,
+    Verdict,
+    headline,
+    recommended,
+    reference_label,
+    show,
+)
 from autotuner.analysis.evidence import confirmations, last_soak, soaks
-from autotuner.analysis.selection import outcome_counts
 from autotuner.analysis.slo import scenario_slos
-from autotuner.analysis.study_data import load_study
+from autotuner.analysis.study_data import StudyData, load_study
+from autotuner.analysis.wording import outcome_text, shorten, shown_counts
 from autotuner.export.atomic import check_output_dir, staged_dir
 from autotuner.export.certificate import (
-    BASELINE_LABEL,
     headroom,
     inventory_summary,
     simulator_note,
@@ -32,14 +39,14 @@ from autotuner.store.db import TrialRecord
 from autotuner.units import change, flag_value, gib, percent, rate, seconds
 
 POLICY = "knee"
-# Winner-against-baseline rows: (label, metric, how to show it).
+# Recommended-against-reference rows: (label, metric, unit, digits).
 COMPARED = (
-    ("output throughput", "output_tokens_per_s", rate),
-    ("total throughput", "total_tokens_per_s", rate),
-    ("TTFT p50", "ttft_p50_s", seconds),
-    ("TTFT p95", "ttft_p95_s", seconds),
-    ("TPOT p50", "tpot_p50_s", seconds),
-    ("e2e p95", "e2e_p95_s", seconds),
+    ("output throughput", "output_tokens_per_s", "tok/s", 1),
+    ("total throughput", "total_tokens_per_s", "tok/s", 1),
+    ("TTFT p50", "ttft_p50_s", "s", 3),
+    ("TTFT p95", "ttft_p95_s", "s", 3),
+    ("TPOT p50", "tpot_p50_s", "s", 4),
+    ("e2e p95", "e2e_p95_s", "s", 2),
 )
 
 
@@ -49,25 +56,26 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
     if data.note:
         print(f"note: {data.note}", file=sys.stderr)
     analysis = analyse(data, scenario_slos(data.scenario.slos))
-    ranked = confirmed_ranking(POLICY, analysis, confirmations(data.trials), soaks(data.trials))
     single_shot = choose(POLICY, analysis)
-    winner = (next(t for t in analysis.feasible if t.trial_number == ranked[0].trial_number) if ranked
-              else single_shot)
+    winner, compared = recommended(analysis, POLICY)
     # Imported here: matplotlib takes a second to load and only the report needs it.
     from autotuner.export.plots import memory_png, pareto_png
 
     pareto = Image("pareto.png", "Pareto front: output tokens/s against TTFT p95", pareto_png(analysis, winner))
     shown = winner or data.baseline
     memory = None
-    if shown is not None and shown.memory.get("peak_bytes"):
+    if shown is not None and shown.timeline:
         memory = Image("memory.png", f"GPU memory of trial {shown.trial_number}", memory_png(analysis, shown))
-    doc = build_document(analysis, winner, pareto, memory)
+    doc = build_document(analysis, winner, pareto, memory, compared)
     soak = last_soak(soaks(data.trials), winner.trial_number) if winner is not None else None
     soak_trial = next((t for t in data.trials if soak is not None and t.trial_number == soak.trial), None)
-    soak_memory = None
-    if soak_trial is not None and soak_trial.memory.get("peak_bytes"):
+    soak_memory: Image | str | None = None
+    if soak_trial is not None and soak_trial.timeline:
         soak_memory = Image("soak-memory.png", f"GPU memory during the soak (trial {soak_trial.trial_number})",
                             memory_png(analysis, soak_trial))
+    elif soak_trial is not None:
+        soak_memory = (f"No memory timeline of the soak (trial {soak_trial.trial_number}) to draw: none was "
+                       "recorded (a run in virtual time keeps only its peak, in the soak table above).")
     section = verification_section(analysis, soak_memory)
     if winner is not None and single_shot is not None and winner.trial_number != single_shot.trial_number:
         section.blocks.insert(0, f"The single-shot best, trial {single_shot.trial_number}, was not the confirmed "
@@ -78,6 +86,7 @@ def run_report(storage: str, study: str | None, out_dir: Path) -> int:
         (stage / "report.html").write_text(to_html(doc))
         for image in doc.images():
             (stage / image.filename).write_bytes(image.png)
+    print(doc.lead, file=sys.stderr)
     print(f"wrote {out_dir / 'report.md'}, {out_dir / 'report.html'} ({len(doc.images())} plots) for study "
           f"{data.name}", file=sys.stderr)
     return 0
@@ -97,7 +106,8 @@ def markdown_safe(doc: Document) -> Document:
             return Image(b.filename, e(b.alt), b.png)
         return e(b)
 
-    return Document(e(doc.title), [Section(e(s.title), [block(b) for b in s.blocks]) for s in doc.sections])
+    return Document(e(doc.title), [Section(e(s.title), [block(b) for b in s.blocks]) for s in doc.sections],
+                    e(doc.lead))
 
 
 def measured(trial: TrialRecord) -> dict[str, object]:
@@ -110,19 +120,21 @@ def searched_flags(trial: TrialRecord, fixed: dict[str, object]) -> str:
     return " ".join(f"{k}={flag_value(v)}" for k, v in trial.flags.items() if k not in fixed or fixed[k] != v)
 
 
-def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image, memory: Image | None) -> Document:
+def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image, memory: Image | None,
+                   compared: list[Comparison]) -> Document:
     study = analysis.study
     sc = study.scenario
     key = study.record.key
     created = dt.datetime.fromtimestamp(study.record.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    doc = Document(f"Tuning report: {study.name}")
+    doc = Document(f"Tuning report: {study.name}", lead=headline(winner, compared))
 
     summary = Section("Summary", [
         f"Scenario {study.record.scenario_name}, storage {study.storage}, created {created}. "
-        f"{len(study.trials)} trials ({outcome_counts(study.trials)}); {len(analysis.feasible)} feasible, "
+        f"{len(study.trials)} trials ({shown_counts(study.trials)}); {len(analysis.feasible)} feasible, "
         f"{len(analysis.candidates)} also meet the scenario's SLOs; the Pareto front holds "
         f"{len(analysis.front)}.",
-        (f"Recommended ({POLICY}): trial {winner.trial_number}, {searched_flags(winner, sc.engine.flags)}."
+        (f"{'Best found' if compared and compared[0].keep_reference else 'Recommended'} ({POLICY}): trial "
+         f"{winner.trial_number}, {searched_flags(winner, sc.engine.flags)}."
          if winner is not None else
          "No trial is feasible under the scenario's SLOs: nothing to recommend. Tune longer or widen the "
          "search space toward less memory."),
@@ -153,17 +165,21 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
         "knee. Hollow grey: measured but infeasible (missed an SLO, lost requests, or peaked above the OOM "
         "threshold). The band below lists trials "
         "that produced no measurement (OOM, failed start), by outcome; their reasons are in the trials table.",
-        Table(["trial", "searched flags", "output tok/s", "TTFT p95", "memory peak"], front_rows)
+        Table(["trial", "searched flags", "output tok/s (one run)", "TTFT p95 (one run)", "memory peak"], front_rows)
         if front_rows else "The front is empty.",
     ]))
 
-    doc.sections.append(Section(f"Recommended against {BASELINE_LABEL}", [_comparison(study.baseline, winner,
-                                                                                       sc.engine.flags)]))
+    doc.sections.append(Section("Recommended against the configs it would replace",
+                                [_comparison(c, study, winner) for c in compared] or
+                                ["No recommendation, or no reference config measured: nothing to compare."]))
 
     memory_blocks: list[str | Table | Image] = []
     shown = winner or study.baseline
-    if memory is not None and shown is not None:
-        memory_blocks.append(memory)
+    if shown is not None and shown.memory.get("peak_bytes"):
+        # The peaks per GPU always (they were measured); the plot only from a timeline that was recorded.
+        memory_blocks.append(memory if memory is not None else
+                             "No memory timeline to draw: none was recorded (a run in virtual time keeps only its "
+                             "peak per GPU, below).")
         engine, foreign = _split_peak(shown)
         memory_blocks.append(Table(
             ["GPU", "peak", "our engine", "other processes", "total", "headroom", "headroom %", "OOM threshold"], [
@@ -180,44 +196,50 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
     for t in study.trials:
         reason = verdict(t, analysis)
         m = measured(t)
-        rows.append([str(t.trial_number), t.kind, t.outcome, searched_flags(t, sc.engine.flags),
+        rows.append([str(t.trial_number), t.kind, outcome_text(t), searched_flags(t, sc.engine.flags),
                      rate(m.get("output_tokens_per_s")), seconds(m.get("ttft_p95_s")),
-                     percent(t.memory.get("peak_fraction")), _short(reason)])
+                     percent(t.memory.get("peak_fraction")), reason])
     doc.sections.append(Section("Trials", [Table(
-        ["trial", "kind", "outcome", "searched flags", "output tok/s", "TTFT p95", "memory peak", "reason"], rows)]))
+        ["trial", "kind", "outcome", "searched flags", "output tok/s (one run)", "TTFT p95 (one run)", "memory peak",
+         "reason"], rows)]))
     return doc
 
 
-def _comparison(baseline: TrialRecord | None, winner: TrialRecord | None, fixed: dict[str, object]) -> Table | str:
-    if winner is None:
-        return "No recommendation to compare."
-    if baseline is None:
-        return "The baseline was not measured in this study."
-    header = ["", f"baseline, trial {baseline.trial_number}", f"recommended, trial {winner.trial_number}", "change"]
-    rows = [["outcome", baseline.outcome, winner.outcome, ""],
-            ["flags", searched_flags(baseline, fixed), searched_flags(winner, fixed), ""]]
-    for label, metric, show in COMPARED:
-        old, new = measured(baseline).get(metric), measured(winner).get(metric)
-        rows.append([label, show(old), show(new), change(new, old)])
-    old_peak, new_peak = baseline.memory.get("peak_fraction"), winner.memory.get("peak_fraction")
-    rows.append(["memory peak (fullest GPU)", percent(old_peak), percent(new_peak), change(new_peak, old_peak)])
-    old_max = max(baseline.memory.get("peak_bytes") or [0]) or None
-    new_max = max(winner.memory.get("peak_bytes") or [0]) or None
-    rows.append(["memory peak (GiB)", gib(old_max), gib(new_max), change(new_max, old_max)])
-    for label, key in (("requests completed", "completed"), ("requests failed", "failed")):
-        rows.append([label, str(baseline.metrics.get(key, "-")), str(winner.metrics.get(key, "-")), ""])
-    kv_old, kv_new = baseline.engine.get("kv_cache_tokens"), winner.engine.get("kv_cache_tokens")
+def _comparison(c: Comparison, study: StudyData, winner: TrialRecord | None) -> Table | str:
+    """One reference against the recommendation: re-measured means with their 95 % intervals and the
+    difference only where the intervals are apart; single runs are shown as such and never compared."""
+    if c.verdict == Verdict.SAME or winner is None:
+        text = c.sentence()
+        return text[0].upper() + text[1:] + "."
+    ref = next(t for t in study.trials if t.trial_number == c.reference)
+    confirmed = confirmations(study.trials)
+    mine, theirs = confirmed.get(winner.trial_number), confirmed.get(ref.trial_number)
+    header = ["", f"{c.label}, trial {ref.trial_number}", f"recommended, trial {winner.trial_number}",
+              "difference (95 % intervals)"]
+    rows = [["outcome", outcome_text(ref), outcome_text(winner), ""],
+            ["flags", searched_flags(ref, study.scenario.engine.flags),
+             searched_flags(winner, study.scenario.engine.flags), ""]]
+    for label, metric, unit, digits in COMPARED:
+        a = mine.intervals.get(metric) if mine is not None else None
+        b = theirs.intervals.get(metric) if theirs is not None else None
+        if a is not None and b is not None:
+            d = Difference(metric, label, unit, digits, a, b)
+            rows.append([label + " (mean)", show(b, unit, digits), show(a, unit, digits), d.delta()])
+        else:
+            old, new = measured(ref).get(metric), measured(winner).get(metric)
+            fmt = rate if unit == "tok/s" else seconds
+            rows.append([label + " (one run)", fmt(old), fmt(new), "not compared: one run"])
+    old_peak = theirs.worst_peak_fraction if theirs is not None else ref.memory.get("peak_fraction")
+    new_peak = mine.worst_peak_fraction if mine is not None else winner.memory.get("peak_fraction")
+    rows.append(["memory peak (fullest GPU, worst run)", percent(old_peak), percent(new_peak), ""])
+    kv_old, kv_new = ref.engine.get("kv_cache_tokens"), winner.engine.get("kv_cache_tokens")
     rows.append(["KV cache tokens", str(kv_old or "-"), str(kv_new or "-"), change(kv_new, kv_old)])
-    if baseline.outcome != "ok":
-        rows.append(["baseline's failure", baseline.reason or baseline.outcome, "", ""])
+    if ref.outcome != "ok":
+        rows.append([f"{c.label}: failure", ref.reason or ref.outcome, "", ""])
     return Table(header, rows)
 
 
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def verification_section(analysis: Analysis, soak_memory: Image | None) -> Section:
+def verification_section(analysis: Analysis, soak_memory: Image | str | None) -> Section:
     """Confirmation intervals per re-measured trial, the soaks, and the winner's soak memory."""
     trials = analysis.study.trials
     confirmed = confirmations(trials)
@@ -230,15 +252,15 @@ def verification_section(analysis: Analysis, soak_memory: Image | None) -> Secti
         for number, c in sorted(confirmed.items()):
             thr, ttft = c.intervals.get("output_tokens_per_s"), c.intervals.get("ttft_p95_s")
             last = last_soak(soaked, number)
-            soak_text = "-" if last is None else ("passed" if last.passed else f"failed: {_short(last.reason or '')}")
-            rows.append([str(number), str(len(c.runs)),
+            soak_text = "-" if last is None else ("passed" if last.passed else f"failed: {shorten(last.reason or '')}")
+            rows.append([_trial_label(number, analysis.study), str(len(c.runs)),
                          f"{thr.mean:.1f} ± {thr.half_width:.1f}" if thr else "-",
                          f"{ttft.mean:.3f} ± {ttft.half_width:.3f} s" if ttft else "-",
-                         percent(c.worst_peak_fraction), _short("; ".join(c.bad_runs)) or "-",
+                         percent(c.worst_peak_fraction), shorten("; ".join(c.bad_runs)) or "-",
                          "-" if c.offload is None else str(c.offload.get("verified")),
                          soak_text])
-        blocks.append(Table(["trial", "runs", "output tok/s (95 % CI)", "TTFT p95 (95 % CI)", "worst peak",
-                             "failed runs", "offload verified", "soak"], rows))
+        blocks.append(Table(["trial", "runs", "output tok/s (mean ± 95 % CI)", "TTFT p95 (mean ± 95 % CI)",
+                             "worst peak", "failed runs", "offload verified", "soak"], rows))
     soak_rows = [[str(v.trial), str(v.original), "passed" if v.passed else "FAILED", seconds(v.duration_s),
                   v.workload, percent(v.peak_fraction), seconds(v.ttft_p99_s), seconds(v.itl_p99_s),
                   f"{min(v.headroom_gib or [0]):.2f} GiB"]
@@ -252,6 +274,13 @@ def verification_section(analysis: Analysis, soak_memory: Image | None) -> Secti
         blocks.append(soak_memory)
     return Section("Verification", blocks)
 
+
+
+def _trial_label(number: int, study: StudyData) -> str:
+    """`0 (vLLM's defaults)` for a reference re-measured beside the candidates."""
+    trial = next((t for t in study.trials if t.trial_number == number), None)
+    return f"{number} ({reference_label(trial)})" if trial is not None and trial.kind in ("baseline", "current") \
+        else str(number)
 
 
 def _split_peak(trial: TrialRecord) -> tuple[dict[int, str], dict[int, str]]:

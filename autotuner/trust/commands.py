@@ -68,14 +68,18 @@ def print_confirm(report: ConfirmReport) -> None:
     if not report.candidates:
         typer.echo(f"study {report.study}: no SLO-feasible trial to confirm")
         return
+    refs = (", and for comparison " + ", ".join(f"trial {n} ({report.labels.get(n, 'reference')})"
+                                                for n in report.references) if report.references else "")
     typer.echo(f"study {report.study}: {report.runs} confirmation runs of trials "
-               f"{', '.join(map(str, report.candidates))} (interleaved)")
-    for number in report.candidates:
+               f"{', '.join(map(str, report.candidates))}{refs} (interleaved)")
+    for number in report.candidates + report.references:
         c = report.summaries.get(number)
         if c is None:
             continue
-        parts = [f"{m} {iv.describe()}" for m, iv in c.intervals.items()
-                 if m in ("output_tokens_per_s", "ttft_p95_s", "itl_p99_s")]
+        parts = [f"{name} mean {iv.describe()}" for m, name in (("output_tokens_per_s", "output tok/s"),
+                                                                 ("ttft_p95_s", "TTFT p95 s"),
+                                                                 ("itl_p99_s", "ITL p99 s"))
+                 if (iv := c.intervals.get(m)) is not None]
         peak = "-" if c.worst_peak_fraction is None else f"{c.worst_peak_fraction:.1%}"
         typer.echo(f"  trial {number}: " + "; ".join(parts) + f"; worst memory peak {peak}"
                    + (f"; {len(c.bad_runs)} run(s) failed: {c.bad_runs[0]}" if c.bad_runs else "")

@@ -1,7 +1,9 @@
 """Confirmation: re-measure the best candidates before calling one best.
 
 The top K (the SLO-feasible Pareto front, then the feasible trials nearest to it) are measured R more
-times each, interleaved A B C A B C … so that drift of the box hits all alike. Each run is a trial of
+times each, interleaved A B C A B C … so that drift of the box hits all alike. vLLM's defaults and the
+user's current config are re-measured alongside them (when they ran to the end), so that every
+comparison a reader sees stands on intervals on both sides, never on a single lucky run. Each run is a trial of
 kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
 `analysis.confirmed` ranks by their bounds.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from autotuner.analysis.candidates import Analysis, analyse, choose
+from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, confirmations, soaks
 from autotuner.analysis.slo import combine
@@ -32,6 +35,8 @@ class ConfirmReport:
     study: str
     candidates: list[int]
     runs: int
+    references: list[int] = field(default_factory=list)  # baseline / current config, re-measured beside them
+    labels: dict[int, str] = field(default_factory=dict)  # "vLLM's defaults", "your current config"
     summaries: dict[int, Confirmation] = field(default_factory=dict)
     single_shot_best: int | None = None
     confirmed_best: int | None = None
@@ -73,6 +78,19 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
     return out[:top]
 
 
+def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list[TrialRecord]:
+    """The user's current config and vLLM's defaults, when they ran to the end and are not already
+    among the candidates (by configuration): the other side of every comparison."""
+    taken = {repr(sorted(t.flags.items())) for t in chosen}
+    out = []
+    for t in references(analysis.study.trials):
+        key = repr(sorted(t.flags.items()))
+        if t.outcome == "ok" and t.state == "COMPLETE" and key not in taken:
+            taken.add(key)
+            out.append(t)
+    return out
+
+
 async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFAULT_REPEATS,
                   policy: str = "knee") -> ConfirmReport:
     data = ctx.data()
@@ -82,15 +100,20 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     if not candidates:
         log.warning("confirm.nothing", study=ctx.study_name, reason="no SLO-feasible trial to confirm")
         return report
+    refs = references_to_confirm(analysis, candidates)
+    report.references = [t.trial_number for t in refs]
+    report.labels = {t.trial_number: reference_label(t) for t in refs}
+    measured = candidates + refs
     study = ctx.study()
     naive = choose(policy, analysis)
     report.single_shot_best = naive.trial_number if naive is not None else None
-    log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, repeats=repeats)
+    log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
+             repeats=repeats)
     for rep in range(repeats):
-        for t in candidates:  # interleaved: A B C A B C …
+        for t in measured:  # interleaved: A B C A B C …
             params = ctx.space.clamp(t.flags)
             ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1,
-                                   "budget": repeats * len(candidates), "flags": ctx.space.to_flags(params),
+                                   "budget": repeats * len(measured), "flags": ctx.space.to_flags(params),
                                    "kind": "confirm"})
             started = time.time()
             result = await ctx.runner.run(ctx.space.to_flags(params))
@@ -109,7 +132,8 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                                       "feasible": result.outcome == "ok",
                                       "values": [result.metrics.get(m) for m, _ in data.objectives]})
     data = ctx.data()
-    report.summaries = {n: c for n, c in confirmations(data.trials).items() if n in report.candidates}
+    report.summaries = {n: c for n, c in confirmations(data.trials).items()
+                        if n in report.candidates or n in report.references}
     ranked = confirmed_ranking(policy, analyse(data, analysis.slos), confirmations(data.trials), soaks(data.trials))
     report.confirmed_best = ranked[0].trial_number if ranked else None
     if report.changed:

@@ -21,6 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from autotuner.analysis.wording import bare_reason, outcome_label, shorten
 from autotuner.units import flag_value
 
 GIB = float(1 << 30)
@@ -84,7 +85,7 @@ def pareto_numbers(rows: Sequence[FinishedRow], directions: Sequence[str]) -> se
 
 def _reason(data: dict[str, Any]) -> str:
     """The first line of the trial's reason; for an "ok" trial that is not feasible, which limit it missed."""
-    reason = (str(data.get("reason") or "").strip().splitlines() or [""])[0]
+    reason = bare_reason((str(data.get("reason") or "").strip().splitlines() or [""])[0])
     if reason or data.get("feasible") or data.get("outcome") != "ok":
         return reason
     missed = [MISSED.get(k, k) for k, v in (data.get("constraints") or {}).items() if v > 0]
@@ -185,7 +186,8 @@ class LiveView:
             peak = max(p / t for p, t in zip(m["peak_bytes"], m["total_bytes"], strict=False) if t)
         self.rows.append(FinishedRow(
             number=number, kind=data.get("kind") or self._kind_of.get(number, "search"),
-            flags=self._flags_of.get(number, {}), outcome=str(data.get("outcome")), feasible=bool(data.get("feasible")),
+            flags=self._flags_of.get(number, {}), outcome=outcome_label(str(data.get("outcome")), data.get("reason")),
+            feasible=bool(data.get("feasible")),
             values=data.get("values") if data.get("feasible") else None,
             output_tps=metrics.get("output_tokens_per_s"), ttft_p95_s=metrics.get("ttft_p95_s"),
             peak_fraction=peak, reason=_reason(data)))
@@ -302,7 +304,7 @@ class LiveView:
             outcome_at = len(headers) - 4
             texts: list[str | Text] = list(cells)
             texts[outcome_at] = Text(row.outcome, style=outcome_style)
-            reason = row.reason if cell_len(row.reason) <= reason_width else row.reason[: reason_width - 1] + "…"
+            reason = row.reason if cell_len(row.reason) <= reason_width else shorten(row.reason, reason_width)
             table.add_row(*texts, reason, style=style)
         return table
 

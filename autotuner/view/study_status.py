@@ -13,17 +13,31 @@ from rich.table import Table
 from rich.text import Text
 
 from autotuner.analysis.candidates import analyse, verdict
+from autotuner.analysis.compare import recommended, show
+from autotuner.analysis.evidence import Confirmation, confirmations
 from autotuner.analysis.slo import scenario_slos
 from autotuner.analysis.study_data import load_study, open_store, read_study
+from autotuner.analysis.wording import outcome_text, shorten
 from autotuner.errors import UserInputError
+from autotuner.export.certificate import time_basis
 from autotuner.secrets import display_url
+from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS
 from autotuner.units import flag_value, percent, seconds
 from autotuner.view.live import LiveView
 
+# Reasons in the trials table are cut at a word boundary near this length; `--trial N` shows them whole.
+REASON_LIMIT = 120
 
-def run_status(storage: str, study: str | None = None, console: Console | None = None) -> int:
+
+def run_status(storage: str, study: str | None = None, console: Console | None = None,
+               trial: int | None = None) -> int:
     console = console or Console()
+    if trial is not None:
+        if study is None:
+            raise UserInputError("status --trial needs a study: autotuner status STUDY --trial N")
+        _one_trial(storage, study, trial, console)
+        return 0
     if study is not None:
         _trials(storage, study, console)
         return 0
@@ -34,25 +48,36 @@ def run_status(storage: str, study: str | None = None, console: Console | None =
         console.print(f"no study in {shown} yet: run `autotuner tune SCENARIO --storage {shown}`")
         return 0
     table = Table(title=f"studies in {display_url(storage)}", title_justify="left")
-    for column in ("study", "scenario", "complete", "failed", "feasible", "OOM", "best output tok/s",
-                   "baseline"):
-        table.add_column(column, overflow="fold", justify="right" if column in ("complete", "failed", "feasible",
-                                                                                 "OOM") else "left")
+    # "searched" counts the search's trials (what `tune`'s N/M counts, plus the ones the memory model
+    # skipped), "re-runs" the confirmation and soak runs measured after it.
+    counts = ("searched", "re-runs", "feasible", "OOM")
+    for column in ("study", "scenario", *counts, "recommended", "compared with"):
+        table.add_column(column, overflow="fold", justify="right" if column in counts else "left")
     for record in records:
         data = read_study(store, record, display_url(storage))
         analysis = analyse(data, scenario_slos(data.scenario.slos))
         trials = data.trials
-        best = max((t.metrics.get("output_tokens_per_s") or 0.0 for t in analysis.candidates), default=None)
-        baseline = data.baseline
+        winner, compared = recommended(analysis)
+        reruns = sum(t.kind in TRUST_KINDS for t in trials)
         table.add_row(
-            record.study_name, record.scenario_name,
-            str(sum(t.state == "COMPLETE" for t in trials)), str(sum(t.state != "COMPLETE" for t in trials)),
+            record.study_name, record.scenario_name, str(len(trials) - reruns), str(reruns),
             str(len(analysis.candidates)), str(sum(t.outcome in OOM_OUTCOMES for t in trials)),
-            _number(best),
-            baseline.outcome if baseline is not None else "not measured yet",
+            _recommended(winner, confirmations(trials)),
+            "; ".join(c.brief() for c in compared) or ("baseline not measured yet" if data.baseline is None else "-"),
         )
     console.print(table)
     return 0
+
+
+def _recommended(winner: TrialRecord | None, confirmed: dict[int, Confirmation]) -> str:
+    """`trial 1: 113.9 ± 8.2 tok/s (mean)` when re-measured, else the one run it was."""
+    if winner is None:
+        return "none yet"
+    c = confirmed.get(winner.trial_number)
+    iv = c.intervals.get("output_tokens_per_s") if c is not None else None
+    if iv is not None:
+        return f"trial {winner.trial_number}: {show(iv, 'tok/s', 1)} (mean, n={iv.n})"
+    return f"trial {winner.trial_number}: {_number(winner.metrics.get('output_tokens_per_s'))} tok/s (one run)"
 
 
 def _trials(storage: str, name: str, console: Console) -> None:
@@ -72,11 +97,31 @@ def _trials(storage: str, name: str, console: Console) -> None:
         if t.kind in TRUST_KINDS:
             mark = "re-run"
         flags = " ".join(f"{k}={flag_value(v)}" for k, v in t.flags.items() if k not in fixed)
-        table.add_row(str(t.trial_number), t.kind, t.outcome, mark, flags,
+        table.add_row(str(t.trial_number), t.kind, outcome_text(t), mark, flags,
                       _number(t.metrics.get("output_tokens_per_s")) if ok else "-",
                       seconds(t.metrics.get("ttft_p95_s")) if ok else "-", percent(t.memory.get("peak_fraction")),
-                      verdict(t, analysis)[:160])
+                      shorten(verdict(t, analysis), REASON_LIMIT, f"--trial {t.trial_number}"))
     console.print(table)
+    console.print(f"output tok/s and TTFT p95: one run each, in {time_basis(data)}; their re-measured means "
+                  "are in `autotuner report`. A reason cut short (…) is whole in "
+                  f"`autotuner status {data.name} --trial N`.", highlight=False)
+
+
+def _one_trial(storage: str, name: str, number: int, console: Console) -> None:
+    """Everything stored about one trial, the reason in full."""
+    data = load_study(storage, name)
+    trial = next((t for t in data.trials if t.trial_number == number), None)
+    if trial is None:
+        raise UserInputError(f"--trial {number}: study {data.name} has trials 0-{len(data.trials) - 1}")
+    analysis = analyse(data, scenario_slos(data.scenario.slos))
+    console.print(f"trial {number} of study {data.name}: {trial.kind}, {outcome_text(trial)}"
+                  + (f" (stored as {trial.outcome})" if outcome_text(trial) != trial.outcome else ""), highlight=False)
+    console.print("flags: " + " ".join(f"{k}={flag_value(v)}" for k, v in trial.flags.items()), highlight=False)
+    console.print(f"reason: {verdict(trial, analysis) or '-'}", highlight=False, soft_wrap=True)
+    for key in ("output_tokens_per_s", "ttft_p95_s", "tpot_p50_s", "completed", "failed"):
+        if key in trial.metrics and trial.outcome == "ok":
+            console.print(f"{key}: {trial.metrics[key]}", highlight=False)
+    console.print(f"memory peak: {percent(trial.memory.get('peak_fraction'))}", highlight=False)
 
 
 def _number(value: object) -> str:

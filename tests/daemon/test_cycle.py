@@ -71,6 +71,14 @@ def test_model_swap_is_detected_retuned_warm_deployed_and_verified(deployment) -
     assert d.live_config() == deployed == d.running_config()
     assert deployed != INITIAL
     assert status["deployed"]["certificate"]["lines"][0].startswith("autotuner certificate")
+    # The file the daemon wrote carries the certificate and the whole run hint, as `export` writes it.
+    written = d.config_file.read_text()
+    assert written.startswith("# autotuner certificate") and "\n# run: " in written and " --config THIS_FILE" in written
+    # Verify's wall-clock figures, at the simulator's speed-up, put in the certificate's units.
+    verified = status["deployed"]["verify"]
+    assert "speed-up 50 converted to simulated" in verified["units"]
+    figure = verified["figures"]["output_tokens_per_s"]
+    assert figure["in_certificate_units"] == pytest.approx(figure["wall_clock"] / 50)
     # The reference follows production: no second swap fires.
     time.sleep(2.5)
     assert d.status()["counts"]["cycles"] == 1

@@ -164,3 +164,17 @@ async def test_a_notification_from_a_worker_thread_is_sent_from_the_loop(monkeyp
         await asyncio.sleep(0)  # the loop runs the scheduling callback
         await notifier.aclose(5)
     assert [b["event"] for b in receiver.bodies] == ["proposed"]
+
+
+async def test_the_text_carries_the_comparison_and_the_verify_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a chat channel shows is what the certificate and /status say, word for word."""
+    comparison = "no significant difference from your current config (trial 1) — output: …"
+    verified = "verified in production: output 265.9 tok/s (within the certificate's 95 % interval …)"
+    async with receiving() as receiver:
+        monkeypatch.setenv(HOOK_ENV, receiver.url)
+        notifier = Notifier(NotifySettings(webhook_env=HOOK_ENV), "prod-a")
+        notifier.notify("cycle-end", "cycle 3 deployed trial 7", {"comparison": comparison, "verify": verified})
+        notifier.notify("proposed", "cycle 4 proposes trial 9", {"comparison": None, "flags": {}})
+        await notifier.aclose(5)
+    assert [b["text"] for b in receiver.bodies] == [
+        f"[prod-a] cycle 3 deployed trial 7\n{comparison}\n{verified}", "[prod-a] cycle 4 proposes trial 9"]

@@ -147,7 +147,7 @@ def test_certificate_comment_block(study_db: StudyDb, tmp_path: Path) -> None:
     comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     for fact in ("TTFT p50", "TPOT p50", "e2e p95", "completed", "headroom", "OOM threshold: 97%",
                  "engine: vLLM 0.32.0", "8× NVIDIA GeForce RTX 3090", "fingerprint",
-                 "baseline (vLLM defaults): trial 0", "simulator:"):
+                 "vLLM's defaults (trial 0)", "measured (simulated", "simulator:"):
         assert fact in comments, fact
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from autotuner.errors import UserInputError
 from autotuner.store.db import Store
 from autotuner.view.study_status import run_status
-from tests.support.studies import MakeStudy, StudyDb
+from tests.support.studies import KNOWN_FRONT, MakeStudy, StudyDb, confirm_runs, trial
 
 
 def status(storage: str, study: str | None = None) -> str:
@@ -31,15 +31,45 @@ def test_lists_the_study(study_db: StudyDb) -> None:
     cells = row_of(text, study_db.name)
     trials = Store(study_db.storage).trials(study_db.name)
     assert cells[1] == "quickstart"
-    assert cells[2] == str(len(trials))  # complete
+    assert cells[2:4] == [str(len(trials)), "0"]  # searched, re-runs: what tune's N/M counts and what came after
     assert cells[5] == str(sum(t.outcome in ("oom-threshold", "oom-crash") for t in trials))
-    assert cells[7] == trials[0].outcome  # the baseline's
+    assert cells[6].endswith("tok/s (one run)")  # nothing was re-measured: the figure says so
+    assert cells[7].startswith("vs defaults: not compared")
 
 
 def test_known_counts(make_study: MakeStudy) -> None:
     study = make_study()
     cells = row_of(status(study.storage), "known-front")
-    assert cells[2:8] == ["8", "0", "4", "1", "100.0", "oom-threshold"]
+    assert cells[2:8] == ["8", "0", "4", "1", "trial 2: 90.0 tok/s (one run)", "vs defaults: not compared (it failed)"]
+
+
+def test_re_measured_figures_and_their_comparison(make_study: MakeStudy) -> None:
+    runs = confirm_runs(9, 2, [(89.0, 4.0), (90.0, 4.1), (91.0, 4.2)])
+    base = confirm_runs(12, 0, [(49.0, 8.0), (50.0, 8.1), (51.0, 8.2)])
+    study = make_study([trial(0, 50.0, 8.0, kind="baseline"), *KNOWN_FRONT[1:], *runs, *base])
+    cells = row_of(status(study.storage), "known-front")
+    assert cells[2:4] == ["8", "6"]
+    assert cells[6] == "trial 2: 90.0 ± 2.5 tok/s (mean, n=3)"
+    assert cells[7] == "output +80.0 %, TTFT p95 -49.4 % vs defaults"
+
+
+def test_outcomes_are_named_and_reasons_said_once(make_study: MakeStudy) -> None:
+    long = "pruned: cannot reach the Pareto front " + "(output_tokens_per_s ≤ 110.6 at best) " * 6
+    study = make_study([trial(0, 50.0, 8.0, kind="baseline"),
+                        trial(1, None, None, outcome="oom-predicted",
+                              reason="not launched: offload not needed: the same candidate without offload starts"),
+                        trial(2, None, None, outcome="pruned", reason=long)])
+    text = status(study.storage, "known-front")
+    assert row_of(text, "1")[2] == "skipped: offload not needed"
+    assert "pruned: pruned" not in text and "not launched" not in text
+    assert "… (--trial 2)" in text  # cut at a word, the whole reason one command away
+    buffer = io.StringIO()
+    assert run_status(study.storage, "known-front", console=Console(file=buffer, width=100), trial=2) == 0
+    whole = " ".join(buffer.getvalue().split())
+    assert "trial 2 of study known-front: search, pruned" in whole
+    assert " ".join(long.removeprefix("pruned: ").split()) in whole
+    with pytest.raises(UserInputError, match="--trial 9"):
+        run_status(study.storage, "known-front", trial=9)
 
 
 def test_trials_of_one_study(make_study: MakeStudy) -> None:

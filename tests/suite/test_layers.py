@@ -1,4 +1,4 @@
-"""The package layers of autotuner/ (README, "Layout"): every import, at module level or inside a function,
+"""The package layers of autotuner/ (docs/development.md, "Layout"): every import, at module level or inside a function,
 points to the same room or down, and the rooms' import graph has no cycle.
 
 A room is a top-level package or module of autotuner/. Run just this check with
@@ -66,7 +66,7 @@ def import_graph() -> dict[str, dict[str, list[str]]]:
 
 def test_every_room_has_a_layer() -> None:
     rooms = {room_of(p) for p in PACKAGE.rglob("*.py")} - {"__init__"}
-    assert sorted(rooms - set(LAYER_OF)) == [], "add the new room to LAYERS (and README's Layout)"
+    assert sorted(rooms - set(LAYER_OF)) == [], "add the new room to LAYERS (and the Layout in docs/development.md)"
     assert sorted(set(LAYER_OF) - rooms) == [], "a room in LAYERS no longer exists"
 
 

@@ -60,6 +60,17 @@ def trial(number: int, thr: float | None, ttft: float | None, *, kind: str = "se
                        result, timeline or [], [], time.time(), time.time())
 
 
+def confirm_runs(first: int, original: int, runs: list[tuple[float, float]]) -> list[TrialRecord]:
+    """Re-measurements of trial `original` (output tok/s, TTFT p95 each), stored as `confirm` trials
+    numbered from `first`."""
+    out = []
+    for i, (thr, ttft) in enumerate(runs):
+        t = trial(first + i, thr, ttft, kind="confirm")
+        t.result["confirms"] = original
+        out.append(t)
+    return out
+
+
 # A known front (objectives: max output tok/s, min TTFT p95; scenario SLO ttft_p95 ≤ 10 s):
 #   1 (100, 9 s) best throughput · 2 (90, 4 s) the knee · 3 (50, 1 s) best TTFT · 4 dominated by 2;
 #   5 misses the scenario SLO, 6 lost requests, 7 ran above the OOM threshold, 0 the OOM'd baseline.

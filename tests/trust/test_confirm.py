@@ -26,10 +26,13 @@ UTIL_SPACE = {"search_space": {UTIL: {"type": "float", "low": 0.84, "high": 0.92
 def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path: Path) -> None:
     t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.03}), trials=4)
     confirmed, soaked = t.trust(top=2, repeats=3, soak_s=30)
-    assert confirmed is not None and len(confirmed.candidates) == 2 and confirmed.runs == 6
+    assert confirmed is not None and len(confirmed.candidates) == 2
+    # vLLM's defaults are re-measured beside the candidates (unless one of them is the same config).
+    measured = confirmed.candidates + confirmed.references
+    assert confirmed.references in ([], [0]) and confirmed.runs == 3 * len(measured)
     study = optuna.load_study(study_name=t.study, storage=t.store.optuna_storage())
     runs = [tr for tr in study.trials if tr.user_attrs.get("kind") == "confirm"]
-    assert [tr.user_attrs["confirms"] for tr in runs] == confirmed.candidates * 3  # A B A B A B
+    assert [tr.user_attrs["confirms"] for tr in runs] == measured * 3  # A B A B A B
     assert all(tr.state == optuna.trial.TrialState.COMPLETE for tr in runs)
     assert len(launched_trials(study)) == 4  # the budget counts the search only
     rows = {r.trial_number: r for r in t.store.trials(t.study)}
