@@ -6,6 +6,7 @@ defaults fared on the same workload. Comments in text formats, a key in JSON.
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -125,6 +126,7 @@ class Certificate:
     verification: Verification | None = None
     autotuner_version: str = __version__
     foreign: str | None = None  # other processes' memory the trial was measured beside
+    twin: str | None = None  # the study's twin: its finalists' error on this box (autotuner.twin)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,6 +161,8 @@ class Certificate:
                 else [baseline_line(self.baseline)])
         if self.simulator:
             out.append(f"simulator: {self.simulator}")
+        if self.twin:
+            out.append(f"twin: {self.twin}")
         if self.verification is not None:
             out += self.verification.lines()
         out += [f"target: {note}" for note in self.target]
@@ -182,6 +186,7 @@ def build_certificate(selection: Selection, target: list[str], allow_unverified:
         simulator=simulator_note(study, chosen), target=list(target), foreign=foreign_line(chosen),
         verification=verification(selection, allow_unverified),
         comparisons=[c.to_dict() for c in selection.comparisons], recommendation=recommendation(selection),
+        twin=twin_note(study),
     )
     c = selection.confirmation
     certificate.basis = f"{time_basis(study)}; " + (
@@ -303,6 +308,19 @@ def inventory_summary(inventory: list[str]) -> str:
         else:
             groups.append((name, 1))
     return ", ".join(f"{n}× {name}" for name, n in groups) or "none recorded"
+
+
+def twin_note(study: StudyData) -> str | None:
+    """The twin's finalists' error on this box (predicted when queued against measured), beside the
+    simulator's accuracy against published runs: how far its ranking could be trusted here."""
+    metric = study.scenario.objectives[0].metric
+    errors = [abs(float(t.result["twin_predicted"]) / float(t.metrics[metric]) - 1) for t in study.trials
+              if isinstance(t.result.get("twin_predicted"), int | float) and t.metrics.get(metric)]
+    if not errors:
+        return None
+    p50 = statistics.median(errors)
+    return (f"{len(errors)} finalist(s) of the calibrated twin guided the search; their {metric} was predicted "
+            f"within {p50:.1%} (median, worst {max(errors):.1%}) of what this box measured; {SIM_ACCURACY.quote()}")
 
 
 def simulator_note(study: StudyData, trial: TrialRecord) -> str | None:

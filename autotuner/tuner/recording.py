@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from autotuner.scenario import Scenario
 from autotuner.secrets import redact_value
 from autotuner.store.db import Store, TrialRecord
-from autotuner.trials.outcomes import Outcome
+from autotuner.trials.outcomes import Outcome, TrialKind
 from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import WORST_LATENCY_S, constraints_of, feasible
 from autotuner.vllm import FlagValue
@@ -73,7 +73,10 @@ class TrialRecorder:
             set_attr(trial, name, value)
         # Ours first: if we die between the two writes, the resumed run finds the trial RUNNING, drops
         # our row and measures the candidate again — nothing duplicated, at most this trial lost.
-        self.save(trial.number, kind, result, "COMPLETE", started)
+        # A twin finalist keeps what the twin predicted beside what was measured (the certificate's twin error).
+        predicted = trial.user_attrs.get("twin_predicted") if kind == TrialKind.TWIN else None
+        self.save(trial.number, kind, result, "COMPLETE", started,
+                  {"twin_predicted": predicted} if isinstance(predicted, int | float) else None)
         study.tell(trial, values=[float(v) for v in values])  # type: ignore[arg-type]
         log.info("trial.finished", study=self.study_name, number=trial.number, kind=kind, outcome=result.outcome,
                  feasible=ok, flags=result.flags, reason=result.reason,
@@ -96,8 +99,9 @@ class TrialRecorder:
                 out.append(max(seen) if seen else WORST_LATENCY_S)
         return out
 
-    def save(self, number: int, kind: str, result: TrialResult, state: str, started: float) -> None:
-        data = result.to_dict()
+    def save(self, number: int, kind: str, result: TrialResult, state: str, started: float,
+             extra: dict[str, object] | None = None) -> None:
+        data = {**result.to_dict(), **(extra or {})}
         timeline = (data.get("memory") or {}).get("timeline") or []  # type: ignore[attr-defined]
         self.store.save_trial(self.study_name, TrialRecord(
             trial_number=number, kind=kind, outcome=result.outcome, reason=result.reason, state=state,

@@ -146,6 +146,13 @@ def test_a_twin_first_study_measures_the_twins_finalists_and_finds_the_best(tmp_
     data = json.loads(cli.invoke(app, ["twin", name, "--storage", store.url, "--json"]).output)
     assert data["preset"] == "rtx-4090" and len(data["trials"]) >= 3
     assert data["finalists_error_p50"] is not None and data["finalists_error_p50"] < 0.15
+    # The certificate quotes the twin's error on this box beside the simulator's published-run accuracy.
+    out = tmp_path / "vllm.yaml"
+    exported = cli.invoke(app, ["export", "--storage", store.url, "--study", name, "--format", "yaml", "-o", str(out),
+                                "--allow-unverified"])
+    assert exported.exit_code == 0, exported.output
+    twin_line = next(line for line in out.read_text().splitlines() if line.startswith("# twin: "))
+    assert "finalist(s) of the calibrated twin" in twin_line and "published runs" in twin_line
 
 
 def test_a_twin_that_stays_wrong_hands_the_search_back_and_says_so(tmp_path: Path) -> None:
