@@ -16,6 +16,7 @@ import os, signal, sys, threading, time
 from pathlib import Path
 from autotuner.export import atomic
 sig = int(sys.argv[2])
+signal.signal(sig, signal.SIG_DFL)  # a suite started under nohup hands its children SIGHUP ignored
 # A library's worker thread: the kernel may hand a process-directed signal to it instead.
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 os.fsync = lambda fd: os.kill(os.getpid(), sig)

@@ -11,7 +11,7 @@ from autotuner.trials.scoring import counts_against_budget
 
 STORED_OUTCOMES = {"ok", "oom-threshold", "oom-crash", "startup-failed", "invalid-flags", "timeout", "crash",
                    "monitor-failed", "interference", "oom-predicted", "pruned", "interrupted", "gpus-busy"}
-STORED_KINDS = {"baseline", "current", "warm-start", "search", "repaired", "probe", "confirm", "soak"}
+STORED_KINDS = {"baseline", "current", "warm-start", "search", "repaired", "probe", "twin", "confirm", "soak"}
 
 
 def test_outcomes_and_kinds_are_the_stored_strings() -> None:
