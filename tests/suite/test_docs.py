@@ -70,8 +70,52 @@ def test_the_slug_follows_github() -> None:
 
 
 def test_the_generated_references_are_current() -> None:
-    """Run `python -m tools.docs_reference` after changing a scenario or daemon-config model."""
-    from tools.docs_reference import pages
+    """Run `python -m tools.docs_reference` after changing a scenario or daemon-config model, or after
+    `benchmarks/sim_accuracy.py` rewrote the simulator's accuracy figures."""
+    from tools.docs_reference import ACCURACY_PAGE, FIGURES, pages
 
-    stale = [str(path.relative_to(ROOT)) for path, text in pages().items() if path.read_text() != text]
+    generated = pages()
+    # The accuracy page is generated once the benchmark has written its figures (and then must match them).
+    assert (ACCURACY_PAGE in generated) == FIGURES.is_file()
+    stale = [str(path.relative_to(ROOT)) for path, text in generated.items() if path.read_text() != text]
     assert stale == []
+
+
+# Two classes, a metric without rows (stored as NaN, as the benchmark writes it) and a class the page
+# does not know yet.
+FIGURES_SAMPLE = """{"runs": 7, "measured": "2026-01-02", "digest": "x", "classes": {
+ "rtx-3090": {"tput": {"n": 3, "median_pct": 4.25, "worst_pct": -19.1, "worst_row": "3090-a"},
+              "ttft": {"n": 0, "median_pct": NaN, "worst_pct": NaN, "worst_row": "-"}},
+ "all": {"tput": {"n": 5, "median_pct": 9.8, "worst_pct": 57.4, "worst_row": "4090-b"}},
+ "mi300": {"tpot": {"n": 1, "median_pct": 2.0, "worst_pct": 2.0, "worst_row": "mi-c"}}}}"""
+
+
+def test_the_accuracy_page_renders_the_figures() -> None:
+    import json
+
+    from tools.docs_reference import accuracy_page
+
+    text = accuracy_page(json.loads(FIGURES_SAMPLE))
+    assert "measured on 2026-01-02 against 7 published runs" in text
+    assert "`python benchmarks/sim_accuracy.py`" in text
+    assert re.findall(r"^## (.+)$", text, re.M) == ["All published runs", "RTX 3090", "mi300"]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "metric" not in line]
+    # Within a class TTFT comes before throughput whatever the file's order; no rows reads as such.
+    assert rows == ["| throughput | 5 | ±9.8 % | +57.4 % | `4090-b` |",
+                    "| TTFT | 0 | — | — | — |",
+                    "| throughput | 3 | ±4.2 % | -19.1 % | `3090-a` |",
+                    "| TPOT | 1 | ±2.0 % | +2.0 % | `mi-c` |"]
+
+
+def test_no_accuracy_page_before_the_figures_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools import docs_reference
+
+    assert docs_reference.accuracy_pages(tmp_path / "accuracy_figures.json") == {}
+    (tmp_path / "accuracy_figures.json").write_text(FIGURES_SAMPLE)
+    assert list(docs_reference.accuracy_pages(tmp_path / "accuracy_figures.json")) == [docs_reference.ACCURACY_PAGE]
+    # main() writes nothing here (no pages) and says why the accuracy page is missing.
+    monkeypatch.setattr(docs_reference, "pages", dict)
+    monkeypatch.setattr(docs_reference, "FIGURES", docs_reference.ROOT / "no-such-figures.json")
+    assert docs_reference.main() == 0
+    assert "skipped docs/simulator-accuracy.md: no-such-figures.json does not exist yet" in capsys.readouterr().err
