@@ -58,7 +58,9 @@ MIB = 1 << 20
 CUDA_CONTEXT_BYTES = int(0.30 * GIB)
 # Non-torch memory that appears while loading: NCCL buffers with TP > 1, cuBLAS workspaces.
 NCCL_BUFFER_BYTES = int(0.42 * GIB)
-SINGLE_GPU_NON_TORCH_BYTES = int(0.10 * GIB)
+# One GPU: vllm#10517 (RTX 3090, Llama-3.1-8B, vLLM 0.6) logs "non_torch_memory=0.35GiB" (it was 0.10, an
+# estimate that put every single-GPU KV pool ~2,000 tokens of an 8B model over the reports).
+SINGLE_GPU_NON_TORCH_BYTES = int(0.35 * GIB)
 # Profiled sampler: logits [rows, vocab] in float32 and a little more. vllm#10517 (RTX 3090, Llama-3.1-8B,
 # budget 20000, 256 rows × 128,256 vocab) logs peak_torch − weights = 17.06 − 14.99 = 2.07 GiB, of which the
 # per-token activation (20000 × 100 KiB) is 1.91 GiB: 0.16 GiB for 32.8 M logits, 5.3 B each. (It was 16,

@@ -40,6 +40,7 @@ prints the error per row) and the facts note §3/§5 (offload cost, #22692's TP8
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotuner.sim.args import EngineConfig
@@ -61,9 +62,16 @@ ATTENTION_MFU = 0.40
 # decode steps on the memory roof, where split-K kernels put them.
 GEMM_FILL_OUTPUTS = 350_000
 GEMM_SMALL_STEP_FRACTION = 0.15
-# One all-reduce's latency: NCCL ring over PCIe without P2P, and over NVLink.
-ALLREDUCE_LATENCY_PCIE_S = 60e-6
-ALLREDUCE_LATENCY_NVLINK_S = 10e-6
+# One all-reduce's latency, with what the TP ranks pay around it each layer (launch, sync), growing with
+# log2(TP) as a ring or tree does. NVLink: vllm#16300 (8×A100 80GB, QwQ-32B, 64 layers, vLLM 0.7.2,
+# batch 1): 5.50 / 3.91 / 3.15 s for 200 tokens at TP 2 / 4 / 8 leave, after the weight stream at
+# MEMORY_EFFICIENCY and STEP_OVERHEAD_S, 6.8 / 8.7 / 9.3 ms per step over 128 all-reduces: 53 / 68 / 73 µs,
+# fitted by 45 + 10·log2(TP) µs (it was 10 µs flat, an estimate, which made TP 8 1.9x too fast). PCIe
+# without P2P (GeForce cards on the stock driver: NCCL stages through host memory, club-3090#356 "roughly 2×
+# the latency" of a P2P Gen4 rig): no clean per-op figure; 60 µs (est.) at TP 2 with the same growth.
+ALLREDUCE_LATENCY_PCIE_S = 50e-6
+ALLREDUCE_LATENCY_NVLINK_S = 45e-6
+ALLREDUCE_LATENCY_PER_DOUBLING_S = 10e-6
 # Host-side PCIe fabric shared by every GPU reading offloaded weights at once.
 HOST_PCIE_TOTAL_GBPS = 64.0
 # Scheduler, input preparation, sampling and output processing per step: the batch-1 TPOT rows of
@@ -116,7 +124,7 @@ class Roofline:
         self._prefetch_sync_s = config.prefetch_layers * PREFETCH_SYNC_PER_LAYER_S
         self._num_allreduce = 2 * model.num_layers if tp > 1 else 0
         latency = ALLREDUCE_LATENCY_NVLINK_S if gpu.nvlink_gbps > 0 else ALLREDUCE_LATENCY_PCIE_S
-        self._ar_latency = latency
+        self._ar_latency = latency + ALLREDUCE_LATENCY_PER_DOUBLING_S * math.log2(tp) if tp > 1 else 0.0
         self._ar_bytes_per_token = model.hidden_size * model.dtype_bytes * 2 * (tp - 1) / tp
         self._link = gpu.link_gbps * 1e9
         self._eager_launch = model.num_layers * EAGER_LAUNCH_PER_LAYER_S
