@@ -35,8 +35,8 @@ def sim_accuracy() -> ModuleType:
 def test_every_published_row_says_where_its_figures_come_from() -> None:
     data = yaml.safe_load(DATA.read_text())
     runs = data["runs"]
-    assert len(runs) >= 20
-    assert sum(r["gpu"] in ("rtx-3090", "rtx-4090") for r in runs) >= 8
+    assert len(runs) >= 40
+    assert sum(r["gpu"] in ("rtx-3090", "rtx-4090") for r in runs) >= 25
     assert len({r["id"] for r in runs}) == len(runs)
     for r in runs:
         assert set(r) >= ROW_KEYS, (r["id"], ROW_KEYS - set(r))
@@ -47,6 +47,7 @@ def test_every_published_row_says_where_its_figures_come_from() -> None:
         for metric, key in r["compare"].items():
             assert isinstance(r["reported"][key], int | float), (r["id"], metric)
         assert set(r.get("exclude", {})) <= set(r["compare"]), r["id"]
+        assert isinstance(r.get("unreliable", ""), str) and int(r.get("engines", 1)) >= 1, r["id"]
     prompts = [r["workload"].get("prompt_tokens", 0) for r in runs]
     assert min(prompts) <= 256 and max(prompts) >= 2048  # short and long prompts
     concurrency = [r["workload"].get("concurrency") or 0 for r in runs]
