@@ -133,16 +133,37 @@ def requests_for(row: dict[str, Any], vocab: int) -> tuple[list[EvalRequest], in
         return reqs, concurrency
     lo_hi = wl["prompt_tokens"]
     lo, hi = (lo_hi, lo_hi) if isinstance(lo_hi, int) else lo_hi
+    # `identical_prompts`: every request sends the same text (the prefix cache serves all but the first).
+    shared = hi if wl.get("identical_prompts") else 0
     reqs = synthetic_requests(max(1, wl["prompts"] // engines), lambda r: r.randint(lo, hi),
                               lambda _r: wl["output_tokens"], seed=0, vocab_size=vocab, rate=rate,
-                              ignore_eos=wl.get("ignore_eos", True))
+                              ignore_eos=wl.get("ignore_eos", True), shared_prefix_tokens=shared,
+                              shared_prefix_fraction=1.0 if shared else 0.0)
     return reqs, concurrency
 
 
 def run_row(row: dict[str, Any]) -> Evaluation:
     config = build_config(parse_args(argv_for(row)), ENV)
     reqs, concurrency = requests_for(row, config.model.vocab_size)
+    if row["workload"].get("client") == "waves" and concurrency:
+        return run_waves(config, reqs, concurrency)
     return evaluate(config, reqs, concurrency)
+
+
+def run_waves(config: Any, reqs: list[EvalRequest], size: int) -> Evaluation:
+    """A client that sends `size` requests, waits for all of them, then sends the next `size`
+    (asyncio.gather per wave): each wave lasts as long as its slowest request. Evaluated wave by wave;
+    the throughputs are the totals over the summed durations (the only figures such rows compare)."""
+    waves = [evaluate(config, reqs[i:i + size], size) for i in range(0, len(reqs), size)]
+    last = waves[-1]
+    if any(w.outcome != "ok" for w in waves):
+        return next(w for w in waves if w.outcome != "ok")
+    duration = sum(float(w.metrics["duration_s"] or 0) for w in waves)
+    totals = {k: sum(float(w.metrics[k] or 0) for w in waves) for k in ("output_tokens", "prompt_tokens", "completed")}
+    last.metrics.update(output_tokens_per_s=totals["output_tokens"] / duration,
+                        requests_per_s=totals["completed"] / duration,
+                        total_tokens_per_s=(totals["output_tokens"] + totals["prompt_tokens"]) / duration)
+    return last
 
 
 THROUGHPUT_KEYS = {"req_s": "requests_per_s", "output_tok_s": "output_tokens_per_s",
