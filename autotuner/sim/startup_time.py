@@ -10,7 +10,9 @@ A real start of vLLM 0.32 goes through (field reports; ../shared/notes/anchors.m
   GPUs vLLM disables the custom all-reduce before the check (custom_all_reduce.py, facts note §4);
 - loading the weights: from the OS page cache when the files were read recently, else from disk;
 - torch.compile (Dynamo + Inductor), whose artefacts vLLM caches (`~/.cache/vllm/torch_compile_cache`,
-  keyed by the model and the compilation config, which includes the TP size and the token budget);
+  under a hash of the model, parallel and compilation configs). The graph is compiled for dynamic token
+  counts, so a new token budget alone is taken to reuse the cache (not verified against vLLM's hash);
+  a new model, TP size or --enforce-eager does not;
 - the profiling run (memory), then CUDA-graph capture (never cached).
 
 Each constant says where it comes from. The caches live in the simulated host's state directory
@@ -81,8 +83,7 @@ def _keys(config: EngineConfig) -> dict[str, str]:
     return {
         "p2p": f"{config.sim.gpu.product_name}|{gpus}",
         "weights": model,
-        "compile": f"{model}|tp{config.tensor_parallel_size}|budget{config.max_num_batched_tokens}"
-                   f"|eager{config.enforce_eager}",
+        "compile": f"{model}|tp{config.tensor_parallel_size}|eager{config.enforce_eager}",
     }
 
 

@@ -44,12 +44,14 @@ def test_the_p2p_check_runs_where_the_custom_all_reduce_can_and_is_cached() -> N
     assert "p2p-check" not in seconds(config("llama-3-8b", "--sim-gpu", "rtx-3090"), COLD)
 
 
-def test_a_second_start_finds_what_the_first_left_and_a_new_budget_recompiles(tmp_path: Path) -> None:
+def test_a_second_start_finds_what_the_first_left_and_a_new_tp_size_recompiles(tmp_path: Path) -> None:
     first = lookup_and_remember(tmp_path, config(*SEED))
     assert first == COLD
     assert lookup_and_remember(tmp_path, config(*SEED)) == WARM
-    other_budget = lookup_and_remember(tmp_path, config(*SEED, "--max-num-batched-tokens", "4096"))
-    assert other_budget == StartupCaches(p2p=True, weights=True, compile=False)
+    assert lookup_and_remember(tmp_path, config(*SEED, "--max-num-batched-tokens", "4096")) == WARM
+    tp4 = lookup_and_remember(tmp_path, config("llama-2-13b", "--sim-gpu", "rtx-3090", "--sim-gpus", "8", "-tp", "4",
+                                               "--max-model-len", "8192"))
+    assert tp4 == StartupCaches(p2p=False, weights=True, compile=False)
     other_model = lookup_and_remember(tmp_path, config("llama-2-7b", "--sim-gpu", "rtx-3090", "--sim-gpus", "8",
                                                        "-tp", "8"))
     assert other_model == StartupCaches(p2p=True, weights=False, compile=False)
