@@ -41,7 +41,7 @@ Weight offload (facts note §3) frees GPU memory for the KV cache:
 What the evidence does NOT support: the seed's story that util 0.80 without chunked prefill OOMs on
 3000–6000-token prompts at 13B/TP8 on 3090s. Its headroom is 0.2 × 23.69 − 0.3 ≈ 4.4 GiB per GPU and a
 full 8192-token step leaves ≈ 1.3 GiB unprofiled: it serves. The same prompts die from util ≈ 0.94
-(no chunked prefill, budget 8192) or util ≈ 0.97 (chunked, budget 2048).
+(no chunked prefill, budget 8192) or util ≈ 0.98 (chunked, budget 2048) (benchmarks/sim_accuracy.py).
 """
 
 from __future__ import annotations
