@@ -103,6 +103,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                   tie_word_embeddings=True),
         ModelSpec("qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 40960, dtype="bfloat16", tie_word_embeddings=True),
         ModelSpec("qwen3-8b", 4096, 36, 32, 8, 128, 12288, 151936, 40960, dtype="bfloat16"),
+        ModelSpec("qwen3-14b", 5120, 40, 40, 8, 128, 17408, 151936, 40960, dtype="bfloat16"),
+        # Qwen2.5 shapes (Qwen/Qwen2.5-3B-Instruct; deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B and -7B, which
+        # keep Qwen2.5-Math's shapes with untied embeddings; Qwen/Qwen2.5-14B-Instruct; Qwen/QwQ-32B = Qwen2.5-32B's
+        # shape).
+        ModelSpec("qwen2.5-1.5b", 1536, 28, 12, 2, 128, 8960, 151936, 131072, dtype="bfloat16"),
+        ModelSpec("qwen2.5-3b", 2048, 36, 16, 2, 128, 11008, 151936, 32768, dtype="bfloat16",
+                  tie_word_embeddings=True),
+        ModelSpec("qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, 152064, 131072, dtype="bfloat16"),
+        ModelSpec("qwen2.5-14b", 5120, 48, 40, 8, 128, 13824, 152064, 32768, dtype="bfloat16"),
+        ModelSpec("qwq-32b", 5120, 64, 40, 8, 128, 27648, 152064, 40960, dtype="bfloat16"),
     )
 }
 

@@ -41,7 +41,7 @@ Weight offload (facts note §3) frees GPU memory for the KV cache:
 What the evidence does NOT support: the seed's story that util 0.80 without chunked prefill OOMs on
 3000–6000-token prompts at 13B/TP8 on 3090s. Its headroom is 0.2 × 23.69 − 0.3 ≈ 4.4 GiB per GPU and a
 full 8192-token step leaves ≈ 1.3 GiB unprofiled: it serves. The same prompts die from util ≈ 0.94
-(no chunked prefill, budget 8192) or util ≈ 0.97 (chunked, budget 2048).
+(no chunked prefill, budget 8192) or util ≈ 0.98 (chunked, budget 2048) (benchmarks/sim_accuracy.py).
 """
 
 from __future__ import annotations
@@ -58,9 +58,14 @@ MIB = 1 << 20
 CUDA_CONTEXT_BYTES = int(0.30 * GIB)
 # Non-torch memory that appears while loading: NCCL buffers with TP > 1, cuBLAS workspaces.
 NCCL_BUFFER_BYTES = int(0.42 * GIB)
-SINGLE_GPU_NON_TORCH_BYTES = int(0.10 * GIB)
-# Profiled sampler: logits [rows, vocab] in float32 plus softmax/sort copies.
-SAMPLER_BYTES_PER_LOGIT = 16
+# One GPU: vllm#10517 (RTX 3090, Llama-3.1-8B, vLLM 0.6) logs "non_torch_memory=0.35GiB" (it was 0.10, an
+# estimate that put every single-GPU KV pool ~2,000 tokens of an 8B model over the reports).
+SINGLE_GPU_NON_TORCH_BYTES = int(0.35 * GIB)
+# Profiled sampler: logits [rows, vocab] in float32 and a little more. vllm#10517 (RTX 3090, Llama-3.1-8B,
+# budget 20000, 256 rows × 128,256 vocab) logs peak_torch − weights = 17.06 − 14.99 = 2.07 GiB, of which the
+# per-token activation (20000 × 100 KiB) is 1.91 GiB: 0.16 GiB for 32.8 M logits, 5.3 B each. (It was 16,
+# an estimate that made every 24 GB card's KV pool 5–7 % smaller than reported: PR #48322, #10517.)
+SAMPLER_BYTES_PER_LOGIT = 5
 # CUDA graphs: estimate subtracted from the budget (0.17–0.36 GiB seen on 3090-class setups).
 CUDAGRAPH_BASE_BYTES = int(0.17 * GIB)
 CUDAGRAPH_PER_SEQ_BYTES = int(0.19 * GIB) // 512
@@ -68,12 +73,13 @@ CUDAGRAPH_PER_SEQ_BYTES = int(0.19 * GIB) // 512
 # csrc: softmax_lse is [batch, heads, seqlen_q] float32). Never profiled, tiny next to the rest.
 FA2_LSE_BYTES_PER_HEAD_TOKEN = 4
 # What a real step needs beyond the profile, per token, as a multiple of the profiled activation per
-# token. vllm#52872's ladder (RTX 5090 31.37 GiB, util 0.93 → headroom 2.20 − 0.30 GiB context = 1.90
-# GiB; budget 3072 serves, 4096 dies; Llama-3-8B stand-in, 100 KiB/token) bounds it to (4.85, 6.47);
-# 5.6 is the middle. A lump of graph memory beyond the estimate, fragmentation and unprofiled kernels'
+# token. vllm#52872's ladder (RTX 5090 31.37 GiB, util 0.93; budget 3072 serves, 4096 dies; Llama-3-8B
+# stand-in, 100 KiB/token) bounds it, with the KV pool this module computes, to about (4.6, 6.7)
+# (benchmarks/sim_accuracy.py's memory table, scanned in 0.1 steps after the sampler fix of 2026-12);
+# 5.7 is the middle. A lump of graph memory beyond the estimate, fragmentation and unprofiled kernels'
 # workspaces: the reports do not split it. When a real GPU is lent, the GPU check's measured
 # peak-vs-budget curve replaces it.
-UNPROFILED_PER_PROFILED = 7.1
+UNPROFILED_PER_PROFILED = 5.7
 # The caching allocator rounds large blocks to 2 MiB and keeps them reserved.
 ALLOCATOR_ROUND_BYTES = 2 * MIB
 

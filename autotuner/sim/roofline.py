@@ -40,6 +40,7 @@ prints the error per row) and the facts note §3/§5 (offload cost, #22692's TP8
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotuner.sim.args import EngineConfig
@@ -48,6 +49,12 @@ from autotuner.sim.args import EngineConfig
 # the datasheet bandwidth; 0.85 with STEP_OVERHEAD_S reproduces the batch-1 TPOT rows of the table
 # (4090 Qwen3-4B, A100 Qwen3-1.7B, A100-40GB Llama-3.1-8B) within ±10 %.
 MEMORY_EFFICIENCY = 0.85
+# The RTX 4090 streams its weights closer to the datasheet: tt-inference-server#394's batch-1 TPOT of
+# Qwen3-4B (8.04 GB streamed) is 10.3–10.9 ms, i.e. 946 GB/s = 0.94 of 1008 after STEP_OVERHEAD_S, and
+# the 2×4090 Qwen2.5-14B concurrency-1 row (13.9 GB a rank, 18.4 ms a token) needs about the same. (Ada's
+# 72 MB L2 holds the activations and KV of a batch-1 step, so more of the DRAM traffic is the weights
+# themselves; an explanation, not a measurement.) The RTX 3090's batch-1 rows fit 0.85.
+MEMORY_EFFICIENCY_BY_PRODUCT = {"NVIDIA GeForce RTX 4090": 0.94}
 # Fraction of dense tensor throughput the linear layers reach on large steps. The table's rows whose
 # TTFT is one prefill of 256–1024 tokens (4090 Mistral-7B at concurrency 4 and 8, A100 Qwen3-1.7B at
 # 1024 tokens) come out within ±10 % at 0.70 and 10–25 % slow at the former hand-set 0.60. The
@@ -61,9 +68,16 @@ ATTENTION_MFU = 0.40
 # decode steps on the memory roof, where split-K kernels put them.
 GEMM_FILL_OUTPUTS = 350_000
 GEMM_SMALL_STEP_FRACTION = 0.15
-# One all-reduce's latency: NCCL ring over PCIe without P2P, and over NVLink.
-ALLREDUCE_LATENCY_PCIE_S = 60e-6
-ALLREDUCE_LATENCY_NVLINK_S = 10e-6
+# One all-reduce's latency, with what the TP ranks pay around it each layer (launch, sync), growing with
+# log2(TP) as a ring or tree does. NVLink: vllm#16300 (8×A100 80GB, QwQ-32B, 64 layers, vLLM 0.7.2,
+# batch 1): 5.50 / 3.91 / 3.15 s for 200 tokens at TP 2 / 4 / 8 leave, after the weight stream at
+# MEMORY_EFFICIENCY and STEP_OVERHEAD_S, 6.8 / 8.7 / 9.3 ms per step over 128 all-reduces: 53 / 68 / 73 µs,
+# fitted by 45 + 10·log2(TP) µs (it was 10 µs flat, an estimate, which made TP 8 1.9x too fast). PCIe
+# without P2P (GeForce cards on the stock driver: NCCL stages through host memory, club-3090#356 "roughly 2×
+# the latency" of a P2P Gen4 rig): no clean per-op figure; 60 µs (est.) at TP 2 with the same growth.
+ALLREDUCE_LATENCY_PCIE_S = 50e-6
+ALLREDUCE_LATENCY_NVLINK_S = 45e-6
+ALLREDUCE_LATENCY_PER_DOUBLING_S = 10e-6
 # Host-side PCIe fabric shared by every GPU reading offloaded weights at once.
 HOST_PCIE_TOTAL_GBPS = 64.0
 # Scheduler, input preparation, sampling and output processing per step: the batch-1 TPOT rows of
@@ -98,7 +112,8 @@ class Roofline:
         model = config.model
         tp = config.tensor_parallel_size
         self._deviation = dev = gpu.deviation
-        self._bw = MEMORY_EFFICIENCY * dev.bandwidth_efficiency * gpu.bandwidth_gbps * 1e9
+        efficiency = MEMORY_EFFICIENCY_BY_PRODUCT.get(gpu.product_name, MEMORY_EFFICIENCY)
+        self._bw = efficiency * dev.bandwidth_efficiency * gpu.bandwidth_gbps * 1e9
         self._linear_flops = gpu.fp16_tflops * 1e12 * LINEAR_MFU
         self._fill_tokens = GEMM_FILL_OUTPUTS / (model.hidden_size / tp)
         self._small_tokens = GEMM_SMALL_STEP_FRACTION * self._fill_tokens
@@ -116,7 +131,7 @@ class Roofline:
         self._prefetch_sync_s = config.prefetch_layers * PREFETCH_SYNC_PER_LAYER_S
         self._num_allreduce = 2 * model.num_layers if tp > 1 else 0
         latency = ALLREDUCE_LATENCY_NVLINK_S if gpu.nvlink_gbps > 0 else ALLREDUCE_LATENCY_PCIE_S
-        self._ar_latency = latency
+        self._ar_latency = latency + ALLREDUCE_LATENCY_PER_DOUBLING_S * math.log2(tp) if tp > 1 else 0.0
         self._ar_bytes_per_token = model.hidden_size * model.dtype_bytes * 2 * (tp - 1) / tp
         self._link = gpu.link_gbps * 1e9
         self._eager_launch = model.num_layers * EAGER_LAUNCH_PER_LAYER_S

@@ -241,7 +241,7 @@ def test_production_oom_under_longer_prompts_is_retuned_for_them(deployment) -> 
     scenario = json.loads(json.dumps(SCENARIO))
     scenario["workload"]["requests"]["prompt_tokens"] = {"kind": "uniform", "low": 100, "high": 600}
     scenario["workload"]["arrivals"]["concurrency"] = 4
-    initial = {"max-model-len": 4096, "max-num-batched-tokens": 3072, "gpu-memory-utilization": 0.93}
+    initial = {"max-model-len": 4096, "max-num-batched-tokens": 3072, "gpu-memory-utilization": 0.95}
     d = deployment(scenario=scenario, initial=initial)
     d.start_daemon()
     wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")

@@ -15,7 +15,7 @@ import yaml
 
 from autotuner.catalog.gpus import GPU_PRESETS
 from autotuner.catalog.models import MODEL_PRESETS
-from autotuner.sim.accuracy import SIM_ACCURACY
+from autotuner.sim.accuracy import FIGURES, SIM_ACCURACY, inputs_digest, load
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data" / "published_runs.yaml"
@@ -35,8 +35,8 @@ def sim_accuracy() -> ModuleType:
 def test_every_published_row_says_where_its_figures_come_from() -> None:
     data = yaml.safe_load(DATA.read_text())
     runs = data["runs"]
-    assert len(runs) >= 20
-    assert sum(r["gpu"] in ("rtx-3090", "rtx-4090") for r in runs) >= 8
+    assert len(runs) >= 40
+    assert sum(r["gpu"] in ("rtx-3090", "rtx-4090") for r in runs) >= 25
     assert len({r["id"] for r in runs}) == len(runs)
     for r in runs:
         assert set(r) >= ROW_KEYS, (r["id"], ROW_KEYS - set(r))
@@ -47,12 +47,14 @@ def test_every_published_row_says_where_its_figures_come_from() -> None:
         for metric, key in r["compare"].items():
             assert isinstance(r["reported"][key], int | float), (r["id"], metric)
         assert set(r.get("exclude", {})) <= set(r["compare"]), r["id"]
+        assert isinstance(r.get("unreliable", ""), str) and int(r.get("engines", 1)) >= 1, r["id"]
     prompts = [r["workload"].get("prompt_tokens", 0) for r in runs]
     assert min(prompts) <= 256 and max(prompts) >= 2048  # short and long prompts
     concurrency = [r["workload"].get("concurrency") or 0 for r in runs]
     assert min(c for c in concurrency if c) == 1 and max(concurrency) >= 32  # low load and saturation
     for m in data["memory"]:
-        assert m["source"].startswith("https://") and m["reported"]["outcome"] in ("ok", "oom"), m["id"]
+        assert m["source"].startswith("https://"), m["id"]
+        assert m["reported"]["outcome"] in ("ok", "oom", "startup-failed"), m["id"]
 
 
 def test_shipped_sharegpt_trace_is_the_generators_output() -> None:
@@ -75,3 +77,26 @@ def test_sim_evaluate_quotes_the_measured_error() -> None:
     assert f"TTFT ±{SIM_ACCURACY.ttft_pct:.0f} %" in data["accuracy"] and "published runs" in data["accuracy"]
     text = subprocess.run(argv, capture_output=True, text=True, check=True, env={"COLUMNS": "200", "PATH": "/usr/bin"})
     assert "published runs" in text.stdout
+
+
+def test_quoted_figures_are_measured_from_the_current_rows_and_simulator() -> None:
+    """The figures users are quoted come from benchmarks/sim_accuracy.py's last run over the rows and the
+    simulator as they are now: any change to published_runs.yaml or to the simulator's performance sources
+    since then fails here until the script runs again (it rewrites autotuner/sim/accuracy_figures.json)."""
+    stored = load(FIGURES)
+    assert stored.digest == inputs_digest(DATA.read_bytes()), (
+        "autotuner/sim/accuracy_figures.json is stale: run .venv/bin/python benchmarks/sim_accuracy.py")
+    runs = yaml.safe_load(DATA.read_text())["runs"]
+    assert stored.runs == len(runs)
+    assert set(stored.classes) >= {"all", "rtx-3090", "rtx-4090", "datacenter"}
+    quote = stored.quote()
+    for name in ("RTX 3090", "RTX 4090", "datacenter"):
+        assert f"{name}: " in quote
+    worst = stored.classes["rtx-3090"]["tput"]
+    assert worst.worst_row in {r["id"] for r in runs}
+    assert f"worst {worst.worst_pct:+.0f} % at {worst.worst_row}" in quote
+
+
+def test_a_changed_row_makes_the_figures_stale() -> None:
+    raw = DATA.read_bytes()
+    assert inputs_digest(raw) != inputs_digest(raw.replace(b"req_s: 2.40", b"req_s: 2.41", 1))

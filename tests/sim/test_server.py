@@ -47,10 +47,10 @@ def test_port_closed_until_ready_then_serves(sim_server) -> None:
         httpx.get(server.url + "/health", timeout=1)
     assert wait_for(lambda: _health(server.url) == 200, timeout=20), server.log()
     log = server.log()
-    assert "GPU KV cache size: 187,664 tokens" in log
+    assert "GPU KV cache size: 188,544 tokens" in log
     assert "Chunked prefill is enabled with max_num_batched_tokens=2048." in log
     assert "Model loading took 3.03 GiB memory" in log
-    assert "Available KV cache memory: 17.9 GiB" in log
+    assert "Available KV cache memory: 17.98 GiB" in log
     version = httpx.get(server.url + "/version").json()
     assert version["version"] == "0.32.0" and version["simulator"]["speedup"] == 10
     # NVML sees the engine's memory on all eight GPUs, held by eight worker processes.

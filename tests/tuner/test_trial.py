@@ -48,7 +48,7 @@ def test_ok_trial_reports_everything(home: Path, tmp_path: Path) -> None:
     assert len(mem["peak_bytes"]) == 8
     assert 0.75 < mem["peak_fraction"] < 0.9  # 19.5 GiB of 23.69
     assert mem["samples"] > 50 and mem["sample_hz"] > 50
-    assert result.engine["kv_cache_tokens"] == 158_176
+    assert result.engine["kv_cache_tokens"] == 159_056
     assert result.engine["max_num_batched_tokens"] == 1024
     assert result.engine["version"] == "0.32.0"
     assert 0 < result.engine["kv_cache_usage_max"] < 1
