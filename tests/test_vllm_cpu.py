@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,7 +122,8 @@ def test_tune_confirm_soak_then_the_exported_yaml_starts_vllm(cpu_scenario, vllm
     assert "3/3 trials" in done.stdout
     done = run("confirm", "--top", "1", "--repeats", "2", "--storage", db)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 confirmation runs of trials" in done.stdout and "confirmed best: trial" in done.stdout
+    # (the references, vLLM's defaults among them, are re-measured beside the candidate)
+    assert re.search(r"\d+ confirmation runs of trials", done.stdout) and "confirmed best: trial" in done.stdout
     done = run("soak", "--duration", "20s", "--storage", db)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "soak of trial" in done.stdout and "passed" in done.stdout

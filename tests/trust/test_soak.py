@@ -18,12 +18,12 @@ from tests.support.virtual_studies import scenario, tune
 BUDGET = "max-num-batched-tokens"
 # Prompts with a long tail (median 900, capped at 4000) two at a time: their steps rarely fill a
 # 4096-token budget; the soak sends only 4000-token prompts, so every step is full. A step's unprofiled
-# memory grows with its tokens (autotuner/sim/memory.py): 4096 tokens a step at utilization 0.88 passes
+# memory grows with its tokens (autotuner/sim/memory.py): 4096 tokens a step at utilization 0.89 passes
 # the normal workload (peak ~96 %) with the best throughput and crosses the OOM threshold at the soak;
 # 2048 survives both.
 LONG_TAIL = {
     "workload.requests.prompt_tokens": {"kind": "lognormal", "median": 900, "sigma": 0.5, "max": 4000},
-    "engine.flags": {"max-model-len": 4096, "gpu-memory-utilization": 0.88},
+    "engine.flags": {"max-model-len": 4096, "gpu-memory-utilization": 0.89},
     "workload.arrivals": {"kind": "concurrency", "concurrency": 2},
     "search_space": {BUDGET: {"type": "categorical", "choices": [2048, 4096]}},
 }
