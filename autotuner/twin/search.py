@@ -185,9 +185,7 @@ class TwinSearch:
         return a.value > b.value if self.objective.direction == "maximize" else a.value < b.value
 
     def ranked(self, candidates: Iterable[Candidate]) -> list[Candidate]:
-        sign = -1.0 if self.objective.direction == "maximize" else 1.0
-        pool = [c for c in candidates if c.feasible and c.value is not None]
-        return sorted(pool, key=lambda c: sign * (c.value or 0.0))
+        return self.ranked_any(c for c in candidates if c.feasible)
 
     def nearest_feasible(self, exclude: set[str]) -> Candidate | None:
         """When the twin predicts nothing feasible: the serving candidate that misses its SLO by least
