@@ -112,7 +112,8 @@ class Keeper:
     def __init__(self, *, target: DeployTarget, endpoint: str, states: CycleStore, chain: KnownGoodChain,
                  refusals: Refusals, runtime: RuntimeStore, startup_timeout_s: float,
                  free_memory: Callable[[], FreeMemory | None], notify: Callable[[str, str, dict[str, Any]], None],
-                 box: Callable[[], str], fingerprint: Callable[[], tuple[str, ...]]) -> None:
+                 box: Callable[[], str], fingerprint: Callable[[], tuple[str, ...]],
+                 count_down: Callable[[float], None]) -> None:
         self.target = target
         self.endpoint = endpoint.rstrip("/")
         self.states = states
@@ -124,8 +125,13 @@ class Keeper:
         self.notify = notify
         self.box = box
         self.fingerprint = fingerprint
+        self.count_down = count_down
         self.failures = 0  # bring-ups in a row that left production down
         self.next_try_at = 0.0
+        # A restart is timed here, to the moment /health answers again: the health task's one-second look
+        # would miss a restart that takes less, and must not count the same seconds twice.
+        self.restarts_in_flight = 0
+        self.counted_until = 0.0
 
     # --- is it serving -------------------------------------------------------------------------------
     async def healthy(self, timeout_s: float = 2.0) -> bool:
@@ -165,10 +171,21 @@ class Keeper:
                 # A live config production refused (it OOMed) must not become `.previous`.
                 keep = live is None or self.refusals.refused(self.fingerprint(), live) is None
                 await asyncio.to_thread(lambda: self.target.write(flags, deployment=deployment, keep_previous=keep))
-            await asyncio.to_thread(self.target.apply)
         except DeployError as exc:
             return str(exc)
-        return await self.ready(self.startup_timeout_s)
+        if not self.target.can_take_down:  # writing is all it does: production restarts when a person says
+            return await self.ready(self.startup_timeout_s)
+        began = time.time()
+        self.restarts_in_flight += 1
+        try:
+            await asyncio.to_thread(self.target.apply)
+            return await self.ready(self.startup_timeout_s)
+        except DeployError as exc:
+            return str(exc)
+        finally:
+            self.restarts_in_flight -= 1
+            self.counted_until = time.time()
+            self.count_down(self.counted_until - began)
 
     def _candidates(self, first: dict[str, Any] | None, exclude: list[dict[str, Any]]) -> list[tuple[str, dict]]:
         seen = {flags_key(f) for f in exclude}

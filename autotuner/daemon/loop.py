@@ -98,7 +98,7 @@ class Daemon:
                              chain=self.chain, refusals=self.refusals, runtime=self.runtime,
                              startup_timeout_s=loaded.scenario.engine.startup_timeout_s,
                              free_memory=self.free_memory, notify=self.notify, box=self.box,
-                             fingerprint=self.fingerprint)
+                             fingerprint=self.fingerprint, count_down=self._count_down)
 
     # --- facts ----------------------------------------------------------------------------------------
     def notify(self, event: str, text: str, detail: dict[str, Any]) -> None:
@@ -276,8 +276,11 @@ class Daemon:
             try:
                 up = await self.keeper.healthy(timeout_s=2.0)
                 now = time.time()
-                if up_state is not None and not up_state:
-                    self._count_down(now - last_tick)
+                if up_state is not None and not up_state and not self.keeper.restarts_in_flight:
+                    # What a restart took, the keeper counted (to the second /health answered).
+                    since = max(last_tick, self.keeper.counted_until)
+                    if now > since:
+                        self._count_down(now - since)
                 if up != up_state:
                     rt = self.runtime.get()
                     self.runtime.set(production_up=up, production_since=now,

@@ -54,7 +54,9 @@ _KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _BUDGET = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.|"
                      r"non-default args: .*'max_num_batched_tokens': (\d+)")
 _VERSION = re.compile(r"(?:Initializing a V1 LLM engine \(v|vLLM API server version |  version )([\w.+-]+)")
-_PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (?:[\d-]+ [\d:]+ \[[^\]]+\] )?")
+# "(APIServer pid=1234)", "(EngineCore_DP0 pid=1240)", "(VllmWorker TP0 pid=1250)": who wrote the line.
+_PROCESS = re.compile(r"^\([\w -]+ pid=(\d+)\)")
+_PREFIX = re.compile(r"^\([\w -]+ pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) (?:[\d-]+ [\d:]+ \[[^\]]+\] )?")
 
 
 def clean_reason(line: str) -> str:
@@ -76,6 +78,8 @@ class LogFacts:
     max_num_batched_tokens: int | None = None
     version: str | None = None
     lines: int = 0
+    # Every PID the engine named in its log prefixes: its workers, also those that died before we saw them.
+    pids: set[int] = field(default_factory=set)
     # Set once we asked the engine to stop: what it logs while shutting down is not a failure.
     stopping: bool = False
     _reason_rank: int = field(default=-1, repr=False)
@@ -89,6 +93,8 @@ class LogFacts:
 
     def feed(self, line: str, ready: bool = False) -> None:
         self.lines += 1
+        if m := _PROCESS.match(line):
+            self.pids.add(int(m.group(1)))
         text = _PREFIX.sub("", line.rstrip("\n"))
         if self.kv_cache_tokens is None and (m := _KV_TOKENS.search(text)):
             self.kv_cache_tokens = int(m.group(1).replace(",", ""))

@@ -123,6 +123,12 @@ class EngineProcess:
         with self._lock:
             return set(self._members)
 
+    @property
+    def logged_pids(self) -> set[int]:
+        """The PIDs the engine named in its log (a container's may be of its own PID namespace)."""
+        with self._lock:
+            return set(self.facts.pids)
+
     def _follow_log(self) -> None:
         """Tail the log file into memory and the classifier until the engine is gone and read out."""
         with open(self.log_path, "rb") as log:

@@ -84,6 +84,9 @@ async def start_engine(config: EngineConfig, log: VllmLog, workers: WorkerPool,
                  "GPUs. To silence this warning, specify disable_custom_all_reduce=True explicitly.",
                  where="custom_all_reduce.py:144", level="WARNING")
     await asyncio.to_thread(workers.set_bytes, [CUDA_CONTEXT_BYTES] * tp)
+    for rank in range(tp):  # each worker names itself once its CUDA context exists, as vLLM's do
+        log.worker(rank, pids[rank], f"rank {rank} in world size {tp} is assigned as DP rank 0, PP rank 0, "
+                   f"TP rank {rank}, EP rank {rank}", where="parallel_state.py:1165")
     await _sleep_sim(_phase(timeline, "init").seconds, speedup)
     p2p = _phase(timeline, "p2p-check")
     if p2p.seconds:

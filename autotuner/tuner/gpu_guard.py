@@ -116,6 +116,13 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def busy_message(over: list[ForeignMemory], allowance_mib: int) -> str:
     """Why the GPUs count as busy, and what the user can do about it."""
     parts = "; ".join(f.text() for f in over)
@@ -128,10 +135,15 @@ def busy_message(over: list[ForeignMemory], allowance_mib: int) -> str:
 
 def _is_ours(engine: EngineProcess) -> Callable[[int], bool]:
     known = engine.known_pids
+    logged = engine.logged_pids
     leader = engine.pid_or_none
 
     def ours(pid: int) -> bool:
         if pid in known:
+            return True
+        # A worker that failed and exited between two of our looks: named in the engine's log, gone now
+        # (a live process of that PID is a stranger's: a container's log names PIDs of its own namespace).
+        if pid in logged and not _running(pid):
             return True
         try:
             return leader is not None and os.getpgid(pid) == leader
