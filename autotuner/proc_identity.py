@@ -33,3 +33,17 @@ def create_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+def listening_tree(port: int, uid: int | None = None) -> list[psutil.Process]:
+    """The process listening on TCP `port` (of user `uid`, when given) and all its descendants: a server and
+    the workers it spawned. Empty when none is found or the socket table may not be read."""
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid is not None:
+                proc = psutil.Process(conn.pid)
+                if uid is None or proc.uids().real == uid:
+                    return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        pass
+    return []

@@ -29,7 +29,7 @@ import structlog
 from autotuner.daemon.config import LoadedConfig, load_config
 from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
-from autotuner.daemon.keeper import FreeMemory, Keeper
+from autotuner.daemon.keeper import FreeMemory, Keeper, foreign_bytes
 from autotuner.daemon.known_good import KnownGoodChain
 from autotuner.daemon.notify import Notifier
 from autotuner.daemon.refusals import OOM as OOM_REFUSAL
@@ -39,14 +39,14 @@ from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, WINDOW, Cycle, Cycl
 from autotuner.daemon.status import status_document
 from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identity
 from autotuner.errors import UserInputError
-from autotuner.fleet.coordinator import ADOPT_TRIGGER, ROLLOUT_ID, STUDY, WARM_START, Fleet
+from autotuner.fleet.coordinator import ADOPT_TRIGGER, RETUNE_TRIGGER, ROLLOUT_ID, STUDY, WARM_START, Fleet, Retune
 from autotuner.fleet.membership import group_keys
-from autotuner.proc_identity import create_time
+from autotuner.proc_identity import create_time, listening_tree
 from autotuner.scenario import Scenario
 from autotuner.secrets import remember
 from autotuner.store.db import Store
 from autotuner.watch.fingerprint import model_fingerprint
-from autotuner.watch.inventory import gpu_inventory, gpu_used_bytes
+from autotuner.watch.inventory import gpu_holders, gpu_inventory, gpu_used_bytes
 from autotuner.watch.probe import probe
 from autotuner.watch.snapshot import GpuInfo, ProductionSnapshot
 
@@ -135,6 +135,19 @@ class Daemon:
         g, used = min(rows, key=lambda r: r[0].memory_total_mib * 2**20 - r[1])
         total = g.memory_total_mib * 2**20
         return FreeMemory(total, max(0, total - used))
+
+    def foreign_memory(self) -> int | None:
+        """Other processes' memory on production's GPUs (the most on one); None without NVML."""
+        try:
+            gpus = gpu_holders()
+        except Exception:  # no NVML: nothing to compare
+            return None
+        port = urlsplit(self.config.production.endpoint).port
+        production = {p.pid for p in listening_tree(port)} if port else set()
+        wanted = self.config.production.gpus
+        rows = [(g.memory_total_mib * 2**20, used, sum(n for pid, n in held if pid in production))
+                for g, used, held in gpus if wanted is None or g.index in wanted]
+        return foreign_bytes(rows, self.target.current(), bool(self.runtime.get().production_up))
 
     # --- status ------------------------------------------------------------------------------------
     def current_state(self) -> str:
@@ -409,7 +422,10 @@ class Daemon:
                                                  "action": f"cycle {open_cycle.id} in flight ({open_cycle.state})"})
             await self.drive(open_cycle)
             return
-        step = self.fleet.pending() if self.fleet is not None else None
+        step = self.fleet.pending(await asyncio.to_thread(self.foreign_memory)) if self.fleet is not None else None
+        if isinstance(step, Retune):  # the group's winner, on a box with less memory free: tune for this one
+            await self.start_cycle(Trigger(RETUNE_TRIGGER, step.evidence()), snap, gpus)
+            return
         if step is not None and self.fleet is not None:  # the group's winner, and this box's turn: adopt it
             if self.fleet.adoption_started(step.rollout.id):
                 await self.start_cycle(Trigger(ADOPT_TRIGGER, self.fleet.adoption_evidence(step)), snap, gpus)
@@ -570,7 +586,7 @@ class Daemon:
             self.fleet.adoption_ended(int(cycle.evidence[ROLLOUT_ID]), ok, None if ok else cycle.reason)
         elif "fleet" in cycle.evidence:  # a tune the fleet gave this box
             self.fleet.tune_ended(ok, cycle.reason, cycle.candidate_flags, cycle.certificate, cycle.study_name,
-                                  cycle.candidate_trial)
+                                  cycle.candidate_trial, self.foreign_memory() if ok else None)
 
     async def refresh_reference(self, cycle: Any) -> None:
         """After a cycle, production as it now runs is the yardstick (so a swap fires once, not forever)."""

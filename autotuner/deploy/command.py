@@ -25,7 +25,7 @@ from autotuner.deploy.base import DeployError, FileBacked, last_lines, run_argv
 from autotuner.deploy.spec import CommandSpec
 from autotuner.engine.registry import EngineRegistry, autotuner_home, engine_processes, stop_processes
 from autotuner.private_files import append_binary
-from autotuner.proc_identity import create_time
+from autotuner.proc_identity import create_time, listening_tree
 from autotuner.secrets import child_environment
 
 LOG_TAIL_BYTES = 16384
@@ -180,14 +180,7 @@ class CommandTarget(FileBacked):
                     found += [proc, *proc.children(recursive=True)]
         if found or self.production_port is None:
             return found
-        with contextlib.suppress(psutil.Error):
-            for conn in psutil.net_connections(kind="inet"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self.production_port \
-                        and conn.pid is not None:
-                    proc = psutil.Process(conn.pid)
-                    if proc.uids().real == uid:
-                        return [proc, *proc.children(recursive=True)]
-        return found
+        return listening_tree(self.production_port, uid)
 
     def failure(self) -> str | None:
         """Why the supervised service is not running (exit code and last output), when it exited on its own."""

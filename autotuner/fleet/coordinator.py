@@ -18,6 +18,12 @@ from autotuner.fleet.tables import create
 log = structlog.get_logger("autotuner.fleet")
 
 ADOPT_TRIGGER = "fleet-adopt"
+RETUNE_TRIGGER = "fleet-retune"
+MIB = 1 << 20
+# More of other processes' memory than the tuning box had, beyond this, and the winner's headroom above its
+# utilization (where the unprofiled transient lands) is not what its soak proved: re-tune. Above the error
+# of the daemon's estimate between two configs of one model (daemon/keeper.py: foreign_bytes).
+FOREIGN_TOLERANCE_BYTES = 1024 * MIB
 # Keys of a cycle's trigger evidence that carry the fleet's answer into the cycle.
 ROLLOUT_ID, FLAGS, CERTIFICATE, STUDY, WARM_START = (
     "fleet_rollout", "fleet_flags", "fleet_certificate", "fleet_study", "fleet_warm_start")
@@ -29,6 +35,17 @@ class TuneAnswer:
     why: str
     study: str | None = None  # a study to resume: the claim was taken over from a box that stopped renewing
     warm_start: str | None = None  # a related group's study (other GPUs)
+
+
+@dataclass(frozen=True)
+class Retune:
+    """The group's winner is not for this box: it has less memory free than the box that tuned it."""
+
+    winner: rollout.Rollout
+    why: str
+
+    def evidence(self) -> dict[str, Any]:
+        return {WARM_START: self.winner.study_name, ROLLOUT_ID: self.winner.id, "why": self.why}
 
 
 class Fleet:
@@ -83,24 +100,44 @@ class Fleet:
 
     def tune_ended(self, ok: bool, reason: str | None, flags: dict[str, Any] | None = None,
                    certificate: dict[str, Any] | None = None, study: str | None = None,
-                   trial: int | None = None) -> None:
+                   trial: int | None = None, foreign_bytes: int | None = None) -> None:
         now = self.clock()
         held = lease.current(self.engine, self.group)
         if held is None or held.holder != self.box:
             log.warning("fleet.tune_not_published", group=self.group, box=self.box, reason="the claim is another box's")
             return
         if ok and flags is not None:
-            rid = rollout.publish(self.engine, self.group, self.box, flags, certificate, study, trial, now)
+            rid = rollout.publish(self.engine, self.group, self.box, flags, certificate, study, trial, now,
+                                  foreign_bytes)
             log.info("fleet.published", group=self.group, box=self.box, rollout=rid, study=study, trial=trial)
         lease.finish(self.engine, self.group, self.box, ok, self.hold_s, now, reason)
 
     # --- adopting the group's winner -----------------------------------------------------------------
-    def pending(self) -> rollout.Step | None:
-        """The group's winner, when it is this box's turn to adopt it."""
+    def pending(self, foreign_bytes: int | None = None) -> rollout.Step | Retune | None:
+        """The group's winner, when it is this box's turn to adopt it; a Retune when this box has more of
+        other processes' memory than the box that tuned it (`foreign_bytes`: the most on one of its GPUs)."""
+        misfit = self._misfit(foreign_bytes)
+        if misfit is not None:
+            return misfit
         step = rollout.next_step(self.engine, self.group, self.box, self.healthy_s,
                                  stale_s=max(3 * self.lease_s, 60.0), now=self.clock())
         self.waiting = None if step is None or step.adopt else step.why
         return step if step is not None and step.adopt else None
+
+    def _misfit(self, foreign_bytes: int | None) -> Retune | None:
+        r = rollout.latest(self.engine, self.group)
+        if r is None or r.state not in rollout.IN_FLIGHT or r.foreign_bytes is None or foreign_bytes is None:
+            return None
+        extra = foreign_bytes - r.foreign_bytes
+        if extra <= FOREIGN_TOLERANCE_BYTES or rollout.adoption(self.engine, r.id, self.box) is not None:
+            return None
+        why = (f"other processes hold {foreign_bytes / MIB:.0f} MiB on this box's GPUs, {extra / MIB:.0f} MiB more "
+               f"than on {r.tuned_by}, which tuned the winner: its headroom was not soaked here, so this box "
+               "tunes for itself, warm-started from the group's study")
+        if not rollout.decline(self.engine, r.id, self.box, why, self.clock()):
+            return None
+        log.info("fleet.retune", group=self.group, box=self.box, rollout=r.id, why=why)
+        return Retune(r, why)
 
     def adoption_evidence(self, step: rollout.Step) -> dict[str, Any]:
         r = step.rollout

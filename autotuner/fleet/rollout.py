@@ -1,7 +1,9 @@
 """A group's winner on its way to every box: the box that tuned publishes it (confirmed, soaked and
 verified on its own production); one other box adopts it first, the canary; the rest only once the
 canary has served on it healthily for `healthy_s`. Every box adopts through its own deploy and verify;
-one that fails keeps its config and halts the rollout for the group, with its reason.
+one that fails keeps its config and halts the rollout for the group, with its reason. A box with more of
+other processes' memory on its GPUs than the box that tuned never adopts blindly: it declines (the group goes
+on) and tunes for itself, warm-started from the group's study.
 
 Each step is one conditional UPDATE or INSERT: the canary is whoever sets `canary_box` while it is
 still NULL, an adoption is one (rollout, box) row.
@@ -20,7 +22,7 @@ from autotuner.fleet.tables import adoptions, boxes, dump, load, rollouts
 
 CANARY, ROLLING, HALTED, SUPERSEDED = "canary", "rolling", "halted", "superseded"
 IN_FLIGHT = (CANARY, ROLLING)
-ADOPTING, ADOPTED, FAILED = "adopting", "adopted", "failed"
+ADOPTING, ADOPTED, FAILED, RETUNED = "adopting", "adopted", "failed", "retuned"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Rollout:
     canary_box: str | None
     reason: str | None
     created_at: float
+    foreign_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Step:
 def _rollout(row: Any) -> Rollout:
     m = row._mapping
     return Rollout(m["id"], m["group_key"], m["study_name"], m["trial"], load(m["flags"]), load(m["certificate"]),
-                   m["tuned_by"], m["state"], m["canary_box"], m["reason"], m["created_at"])
+                   m["tuned_by"], m["state"], m["canary_box"], m["reason"], m["created_at"], m["foreign_bytes"])
 
 
 def latest(engine: Engine, group: str) -> Rollout | None:
@@ -62,7 +65,7 @@ def latest(engine: Engine, group: str) -> Rollout | None:
 
 
 def publish(engine: Engine, group: str, tuned_by: str, flags: dict[str, Any], certificate: dict[str, Any] | None,
-            study: str | None, trial: int | None, now: float) -> int:
+            study: str | None, trial: int | None, now: float, foreign_bytes: int | None = None) -> int:
     """A new winner for the group (the previous rollout, whatever its state, is superseded). The box that
     tuned it has deployed and verified it already: its adoption is recorded with it."""
     with engine.begin() as conn:
@@ -70,7 +73,8 @@ def publish(engine: Engine, group: str, tuned_by: str, flags: dict[str, Any], ce
                      .values(state=SUPERSEDED, updated_at=now))
         rid = int(conn.execute(rollouts.insert().values(
             group_key=group, study_name=study, trial=trial, flags=dump(flags), certificate=dump(certificate),
-            tuned_by=tuned_by, state=CANARY, created_at=now, updated_at=now)).inserted_primary_key[0])
+            tuned_by=tuned_by, state=CANARY, foreign_bytes=foreign_bytes, created_at=now,
+            updated_at=now)).inserted_primary_key[0])
         conn.execute(adoptions.insert().values(rollout_id=rid, box=tuned_by, state=ADOPTED, started_at=now,
                                                ended_at=now, reason="tuned it"))
     return rid
@@ -124,6 +128,18 @@ def start(engine: Engine, rollout_id: int, box: str, now: float) -> bool:
     try:
         with engine.begin() as conn:
             conn.execute(adoptions.insert().values(rollout_id=rollout_id, box=box, state=ADOPTING, started_at=now))
+    except IntegrityError:
+        return False
+    return True
+
+
+def decline(engine: Engine, rollout_id: int, box: str, reason: str, now: float) -> bool:
+    """This box will not adopt the winner and tunes for itself (the rollout goes on without it). False: it
+    already answered this rollout."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(adoptions.insert().values(rollout_id=rollout_id, box=box, state=RETUNED, reason=reason,
+                                                   started_at=now, ended_at=now))
     except IntegrityError:
         return False
     return True

@@ -35,6 +35,7 @@ def _rollouts(engine: Engine, group: str, limit: int) -> list[dict[str, Any]]:
             out.append({"id": r["id"], "state": r["state"], "in_flight": r["state"] in IN_FLIGHT,
                         "tuned_by": r["tuned_by"], "canary": r["canary_box"], "study": r["study_name"],
                         "trial": r["trial"], "flags": load(r["flags"]), "reason": r["reason"],
+                        "foreign_mib": None if r["foreign_bytes"] is None else round(r["foreign_bytes"] / 2**20),
                         "adoptions": [{"box": a["box"], "state": a["state"], "reason": a["reason"]}
                                       for a in (b._mapping for b in boxes)]})
     return out

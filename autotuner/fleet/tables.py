@@ -56,6 +56,8 @@ rollouts = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),  # canary | rolling | halted | superseded
     sa.Column("canary_box", sa.String(255), nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
+    # Other processes' memory on the tuning box's GPUs (the most on any): a box with more re-tunes instead.
+    sa.Column("foreign_bytes", sa.BigInteger, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
 )
@@ -64,7 +66,7 @@ adoptions = sa.Table(
     "at_fleet_adoptions", metadata,
     sa.Column("rollout_id", sa.Integer, primary_key=True),
     sa.Column("box", sa.String(255), primary_key=True),
-    sa.Column("state", sa.String(16), nullable=False),  # adopting | adopted | failed
+    sa.Column("state", sa.String(16), nullable=False),  # adopting | adopted | failed | retuned
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("ended_at", sa.Float, nullable=True),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from autotuner.monitor.base import MonitorError, NvmlUnavailableError
 from autotuner.monitor.factory import _real_pynvml, _sim_pynvml, nvml_loader
@@ -55,13 +55,30 @@ def gpu_used_bytes(kind: InventoryKind = "auto") -> tuple[tuple[GpuInfo, int], .
     return ()
 
 
-def _read_used(module: object) -> tuple[tuple[GpuInfo, int], ...]:
+def gpu_holders(kind: InventoryKind = "auto") -> tuple[tuple[GpuInfo, int, tuple[tuple[int, int], ...]], ...]:
+    """Each GPU with the bytes in use on it and the (pid, bytes) NVML lists for it; () where no NVML."""
+    loader = nvml_loader(kind)
+    if loader is not None:
+        return _read_used(loader(), holders=True)
+    with contextlib.suppress(NvmlUnavailableError):
+        return _read_used(_real_pynvml(), holders=True)
+    if os.environ.get(STATE_DIR_ENV):
+        with contextlib.suppress(NvmlUnavailableError):
+            return _read_used(_sim_pynvml(), holders=True)
+    return ()
+
+
+def _read_used(module: object, holders: bool = False) -> tuple[Any, ...]:
     monitor = NvmlMonitor(module, None)  # type: ignore[arg-type]
     try:
-        devices, used = monitor.devices(), monitor.sample()
+        devices = monitor.devices()
+        listed = [tuple(monitor.processes(i)) for i in range(len(devices))] if holders else []
+        used = monitor.sample()
     except MonitorError as exc:
         raise NvmlUnavailableError(str(exc)) from exc
     finally:
         monitor.close()
-    return tuple((GpuInfo(d.index, d.uuid, d.name, d.total_bytes // MIB), u)
-                 for d, u in zip(devices, used, strict=True))
+    gpus = [GpuInfo(d.index, d.uuid, d.name, d.total_bytes // MIB) for d in devices]
+    if holders:
+        return tuple((g, u, procs) for g, u, procs in zip(gpus, used, listed, strict=True))
+    return tuple(zip(gpus, used, strict=True))

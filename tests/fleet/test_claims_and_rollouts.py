@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from autotuner.daemon.config import DaemonConfigError, FleetSettings, load_config
 from autotuner.fleet import lease, rollout
-from autotuner.fleet.coordinator import Fleet
+from autotuner.fleet.coordinator import WARM_START, Fleet, Retune
 from autotuner.fleet.membership import Member, family_study, heartbeat
 from autotuner.fleet.status import fleet_status, render
 from autotuner.store.db import Store
@@ -107,6 +107,29 @@ def test_a_canary_unhealthy_after_adopting_halts_the_group(engine: Engine) -> No
     heartbeat(engine, member("b", False, 20.0))
     assert rollout.next_step(engine, GROUP, "c", 60, 300, 30.0) is None
     assert "not serving healthily" in (rollout.latest(engine, GROUP).reason or "")  # type: ignore[union-attr]
+
+
+def test_a_box_with_less_memory_free_retunes_instead_of_adopting(engine: Engine) -> None:
+    """The same GPUs, but another process holds 3 GiB more on one of them than on the box that tuned: the
+    winner's headroom above its utilization was not soaked there. That box declines (the rollout goes on
+    for the others) and tunes for itself from the group's study; 0.5 GiB more is within the estimate's error."""
+    gib = 1 << 30
+    rid = rollout.publish(engine, GROUP, "a", FLAGS, None, "s-a", 1, now=0.0, foreign_bytes=gib // 4)
+    fleets = {box: Fleet(engine, box, f"prod@{box}", lease_s=30, healthy_s=60, hold_s=100, clock=lambda: 5.0)
+              for box in ("b", "c")}
+    for f in fleets.values():
+        f.place(GROUP, FAMILY, {"model": "m"})
+        f.heartbeat(FLAGS, None, healthy=True)
+    busy = fleets["b"].pending(foreign_bytes=gib // 4 + 3 * gib)
+    assert isinstance(busy, Retune), busy
+    assert busy.evidence()[WARM_START] == "s-a" and "3072 MiB more than on a" in busy.why
+    assert fleets["b"].pending(foreign_bytes=gib // 4 + 3 * gib) is None  # answered once: not asked again
+    near = fleets["c"].pending(foreign_bytes=gib // 4 + gib // 2)
+    assert isinstance(near, rollout.Step) and near.adopt and near.canary  # b's decline left the canary free
+    doc = fleet_status(engine, GROUP)["groups"][0]["rollouts"][0]
+    assert doc["state"] == rollout.CANARY and doc["foreign_mib"] == 256
+    assert {a["box"]: a["state"] for a in doc["adoptions"]} == {"a": "adopted", "b": "retuned"}
+    assert rid == doc["id"]
 
 
 def test_other_gpus_tune_their_own_group_warm_started_from_the_family(engine: Engine) -> None:

@@ -1,16 +1,17 @@
-"""The fleet end to end (issue 27): real daemon processes on simulated boxes, one real PostgreSQL.
-
-One story, to keep the suite's time: box a starts tuning for the group of a, b, c (simulated RTX 4090s)
-and is SIGKILLed mid-tune; b takes the group's tune over from the database (a's lease ran out) with a's
-study; c canaries b's winner and adopts it; a, restarted, gives its stale tune up and follows after the
-canary's healthy period. Box d has other GPUs (RTX 3090): it never adopts the group's winner but tunes its
-own group, warm-started from the group's study; e, d's twin on which any new config dies at start (a box
-whose free memory is not what its twin's is), fails the canary's own check: it keeps its config, and the
-rollout of d's group stops with e's reason."""
+"""The fleet end to end (issue 27): real daemon processes on simulated boxes, one real PostgreSQL. One story, to keep
+the suite's time: box a starts tuning for the group of a, b, c (simulated RTX 4090s) and is SIGKILLed mid-tune; b
+takes the group's tune over from the database (a's lease ran out) with a's study; c canaries b's winner and adopts
+it; a, restarted, gives its stale tune up and follows after the canary's healthy period; f, of the same group but
+with another process holding 2 GiB of one of its GPUs, declines the winner and tunes for itself, warm-started from
+the group's study. Box d has other GPUs (RTX 3090): it never adopts the group's winner but tunes its own group,
+warm-started from the group's study; e, d's twin on which any new config dies at start (a box whose free memory is
+not what its twin's is), fails the canary's own check: it keeps its config, and the rollout of d's group stops with
+e's reason."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,31 @@ def boxes() -> Iterator[list[Box]]:
         tear_down(box)
 
 
+@pytest.fixture
+def strangers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Another user's processes on a box's simulated GPUs; stopped by PID at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def hold(box: Box, mib: int, strangers: list[subprocess.Popen[bytes]]) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "autotuner", "sim", "hold", "--gpu", "0", "--mib", str(mib),
+                             "--name", "someone-else"], stdout=subprocess.PIPE, env=box.env, start_new_session=True)
+    strangers.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"holding")
+
+
+def cycles_of(store: Store, box: str) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT trigger_kind, warm_start, state, outcome FROM at_daemon_cycles "
+                                    f"WHERE deployment = 'prod@{box}' ORDER BY id").all()
+    return [dict(r._mapping) for r in rows]
+
+
 def groups(store: Store) -> dict[str, dict[str, Any]]:
     """Each group by the name of one of its boxes (a or d)."""
     doc = fleet_status(store.engine)
@@ -63,7 +89,7 @@ def store(postgres_url: str) -> Iterator[Store]:
 
 
 def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, store: Store, tmp_path: Path,
-                                                 boxes: list[Box]) -> None:
+                                                 boxes: list[Box], strangers: list[subprocess.Popen[bytes]]) -> None:
     a = make_box(tmp_path / "a", "a", postgres_url)
     boxes.append(a)
     a.start_daemon()
@@ -91,8 +117,11 @@ def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, store: Store
     tuner = wait_for(taken_over, 120, "b to take the group's tune over", interval=0.2)
     assert tuner["taken_over_from"] == "a" and tuner["study"] == study_a
     c = make_box(tmp_path / "c", "c", postgres_url)
-    boxes.append(c)
+    f = make_box(tmp_path / "f", "f", postgres_url)
+    boxes += [c, f]
+    hold(f, 2048, strangers)
     c.start_daemon()
+    f.start_daemon()
 
     # b publishes its verified winner; c, the only other live box of the group, is its canary.
     wait_for(lambda: adoption(group_of(store, "a"), "c") == "adopted", 300, "c to adopt b's winner", interval=0.5)
@@ -110,7 +139,14 @@ def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, store: Store
     wait_for(lambda: adoption(group_of(store, "a"), "a") == "adopted", 240, "a to follow the canary", interval=0.5)
     assert a.live_config() == rollout["flags"] and a.production_healthy()
     adoptions = group_of(store, "a")["rollouts"][0]["adoptions"]  # type: ignore[index]
-    assert [x["box"] for x in adoptions] == ["b", "c", "a"]
+    assert [x["box"] for x in adoptions if x["state"] == "adopted"] == ["b", "c", "a"]
+    # f never adopted it: 2 GiB more of another's memory than b had; it tuned for itself from the group's study.
+    declined = next(x for x in adoptions if x["box"] == "f")
+    more = re.search(r"(\d+) MiB more than on b", declined["reason"] or "")
+    assert declined["state"] == "retuned" and more and 1536 < int(more.group(1)) < 2560, declined
+    assert rollout["foreign_mib"] is not None and rollout["foreign_mib"] < 256, rollout  # b: production's alone
+    retune = cycles_of(store, "f")[0]
+    assert retune["trigger_kind"] == "fleet-retune" and retune["warm_start"] == study_a, retune
     assert group_of(store, "a")["rollouts"][0]["state"] == "rolling"  # type: ignore[index]
 
     # d (other GPUs) tuned its own group, warm-started from the group's study, and never adopted b's winner.
@@ -126,6 +162,8 @@ def test_a_fleet_tunes_once_canaries_and_follows(postgres_url: str, store: Store
     halted = other["rollouts"][0]
     assert halted["canary"] == "e" and halted["reason"].startswith("e: ") and "deploy failed" in halted["reason"]
     assert e.live_config() == INITIAL == e.running_config() and e.production_healthy()  # kept its config
+    wait_for(lambda: cycles_of(store, "f")[0]["state"] == "done", 120, "f's own tune to end", interval=0.5)
+    assert f.production_healthy() and adoption(group_of(store, "a"), "f") == "retuned"
     assert adoption(group_of(store, "a"), "d") is None
 
     # The same from the command line, with no daemon involved.
