@@ -53,6 +53,18 @@ class Interval:
         return f"{fmt.format(self.mean)} ± {fmt.format(self.half_width)} (95 % CI, n={self.n})"
 
 
+def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """The standard deviation pooled over groups measured alike (each about its own mean) and its degrees
+    of freedom; None when no group has two values."""
+    squares, df = 0.0, 0
+    for g in groups:
+        if len(g) >= 2:
+            mean = statistics.fmean(g)
+            squares += sum((v - mean) ** 2 for v in g)
+            df += len(g) - 1
+    return None if df == 0 else (math.sqrt(squares / df), df)
+
+
 def interval(values: list[float]) -> Interval | None:
     """None without a value; one value gives a zero-width interval (nothing to say about spread)."""
     finite = [v for v in values if math.isfinite(v)]

@@ -84,6 +84,8 @@ def print_confirm(report: ConfirmReport) -> None:
         typer.echo(f"  trial {number}: " + "; ".join(parts) + f"; worst memory peak {peak}"
                    + (f"; {len(c.bad_runs)} run(s) failed: {c.bad_runs[0]}" if c.bad_runs else "")
                    + (f"; offload: {c.offload.get('reason')}" if c.offload else ""))
+    for number, why in report.dropped.items():
+        typer.echo(f"  trial {number} measured no more: {why}")
     if report.changed:
         typer.echo(f"the single-shot best (trial {report.single_shot_best}) was not the confirmed best "
                    f"(trial {report.confirmed_best})")

@@ -5,7 +5,8 @@ times each, interleaved A B C A B C … so that drift of the box hits all alike.
 user's current config are re-measured alongside them (when they ran to the end), so that every
 comparison a reader sees stands on intervals on both sides, never on a single lucky run. Each run is a trial of
 kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
-`analysis.confirmed` ranks by their bounds.
+`analysis.confirmed` ranks by their bounds. After each round, what another configuration already beats
+beyond the noise is measured no more (analysis/racing.py): the confirmed best still gets every repeat.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, confirmations, soaks
+from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
 from autotuner.store.db import TrialRecord
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
@@ -40,6 +42,7 @@ class ConfirmReport:
     summaries: dict[int, Confirmation] = field(default_factory=dict)
     single_shot_best: int | None = None
     confirmed_best: int | None = None
+    dropped: dict[int, str] = field(default_factory=dict)  # measured no more after a round, and why
 
     @property
     def changed(self) -> bool:
@@ -109,8 +112,16 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     report.single_shot_best = naive.trial_number if naive is not None else None
     log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
              repeats=repeats)
+    raced = list(measured)
     for rep in range(repeats):
-        for t in measured:  # interleaved: A B C A B C …
+        if rep:
+            out = beaten(ctx.data().trials, [t.trial_number for t in raced], set(report.references),
+                         data.objectives)
+            for number, why in out.items():
+                report.dropped[number] = why
+                log.info("confirm.dropped", study=ctx.study_name, trial=number, after_rounds=rep, why=why)
+            raced = [t for t in raced if t.trial_number not in out]
+        for t in raced:  # interleaved: A B C A B C …
             params = ctx.space.clamp(t.flags)
             ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1,
                                    "budget": repeats * len(measured), "flags": ctx.space.to_flags(params),

@@ -29,10 +29,15 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     assert confirmed is not None and len(confirmed.candidates) == 2
     # vLLM's defaults are re-measured beside the candidates (unless one of them is the same config).
     measured = confirmed.candidates + confirmed.references
-    assert confirmed.references in ([], [0]) and confirmed.runs == 3 * len(measured)
+    assert confirmed.references in ([], [0])
     study = optuna.load_study(study_name=t.study, storage=t.store.optuna_storage())
     runs = [tr for tr in study.trials if tr.user_attrs.get("kind") == "confirm"]
-    assert [tr.user_attrs["confirms"] for tr in runs] == measured * 3  # A B A B A B
+    order = [tr.user_attrs["confirms"] for tr in runs]
+    # A B A B A B, less what the race dropped (measured no more once beaten beyond the noise).
+    count = {n: order.count(n) for n in measured}
+    assert order == [n for rep in range(3) for n in measured if count[n] > rep]
+    assert confirmed.runs == len(runs) and {n for n in measured if count[n] < 3} == set(confirmed.dropped)
+    assert confirmed.confirmed_best not in confirmed.dropped and count[confirmed.confirmed_best] == 3
     assert all(tr.state == optuna.trial.TrialState.COMPLETE for tr in runs)
     assert len(launched_trials(study)) == 4  # the budget counts the search only
     rows = {r.trial_number: r for r in t.store.trials(t.study)}
@@ -41,7 +46,9 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     for number in confirmed.candidates:
         summary = confirmed.summaries[number]
         iv = summary.intervals["output_tokens_per_s"]
-        assert iv.n == 3 and iv.low < iv.mean < iv.high  # noise on: a real interval
+        assert iv.n == count[number]
+        if iv.n > 1:
+            assert iv.low < iv.mean < iv.high  # noise on: a real interval
         measured = [rows[r].metrics["output_tokens_per_s"] for r in summary.runs]
         assert min(measured) <= iv.mean <= max(measured)
         peaks = [rows[r].memory["peak_fraction"] for r in [*summary.runs, number]]
