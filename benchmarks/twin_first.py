@@ -19,8 +19,10 @@ the ground truth it is judged against.
   then budgets ascending), noise-free: generous to it.
 - OOM runs: launched engine runs that hit the memory wall, per study (at `--runs`).
 - starts to a verified winner: the engine runs until the study's final pick was first measured (the
-  twin: until it converged or its pick was measured), plus what the trust phase adds today (DEFAULT_TOP
-  candidates × DEFAULT_REPEATS confirmations + 1 soak).
+  twin: until it converged or its pick was measured), plus the engine runs of the trust phase as `tune`
+  runs it (`confirm` of DEFAULT_TOP × DEFAULT_REPEATS with its references, racing, then the soaks),
+  measured; `trust_unraced` is what confirmation would have cost without racing (every configuration
+  confirmed measured DEFAULT_REPEATS times).
 - swap: the 4090 box's study of llama-3-8b, then mistral-7b on the same box, twin-first warm-started
   from the first study (its box calibration) against cold: engine runs to reach 0.97 of mistral's oracle.
 
@@ -67,11 +69,11 @@ from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import OOM_OUTCOMES
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
+from autotuner.trust.commands import after_tune
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 
 BOX_DIR = CACHE_DIR / "boxes"
-TRUST_STARTS = DEFAULT_TOP * DEFAULT_REPEATS + 1
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,8 @@ class Study:
     measured: list[Point]  # what each run measured (noisy)
     twin_ended: str  # "" or the summary's twin line
     converged_at: int | None  # engine runs when the twin said it was done
+    trust_starts: int = 0  # engine runs of confirmation (raced) and soak
+    trust_unraced: int = 0  # what they would have been with every configuration confirmed R times
 
 
 def _quiet() -> None:
@@ -193,7 +197,13 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
                       t.user_attrs.get("metric:output_tokens_per_s"), t.user_attrs.get("metric:ttft_p95_s"))
                 for t in launched]
     converged = len(launched) if summary.ended == "twin-converged" else None
-    return Study(keys, measured, summary.twin, converged)
+    confirmed, soaked = asyncio.run(after_tune(
+        scenario, store, tuner.study_name, tuner.runner,
+        lambda sc: VirtualRunner(sc, first_run=10_000 * seed + 9_000), DEFAULT_TOP, DEFAULT_REPEATS, 600.0))
+    soaks = len(soaked.verdicts) if soaked is not None else 0
+    raced = confirmed.runs if confirmed is not None else 0
+    unraced = len(confirmed.candidates + confirmed.references) * DEFAULT_REPEATS if confirmed is not None else 0
+    return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks)
 
 
 def scenario_flags(params: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +254,7 @@ def _box_job(box: Box, seeds: list[int], runs: int, tmp: str) -> dict[str, Any]:
             out[method].append({"keys": s.keys, "measured": [(p.outcome, p.feasible, p.throughput, p.ttft)
                                                              for p in s.measured],
                                 "twin": s.twin_ended, "converged_at": s.converged_at,
+                                "trust": s.trust_starts, "trust_unraced": s.trust_unraced,
                                 "wall_s": time.perf_counter() - t0})
     walk = run_walk(ev.scenario, ev, runs)
     out["walk"] = max(((p.throughput or 0.0) / oracle for p in walk if p.feasible), default=0.0)
@@ -310,10 +321,13 @@ def main() -> None:
                     row[f"{method}@{n}"] = med([rec["scores"][min(n, len(rec["keys"]))] if rec["keys"] else 0.0
                                                 for rec in recs])
             row[f"{method}_oom"] = med([rec["ooms"] for rec in recs])
-            row[f"{method}_starts"] = med([rec["search_starts"] + TRUST_STARTS for rec in recs])
+            row[f"{method}_starts"] = med([rec["search_starts"] + rec["trust"] for rec in recs])
+            row[f"{method}_trust"] = med([rec["trust"] for rec in recs])
+            row[f"{method}_unraced"] = med([rec["trust_unraced"] for rec in recs])
             scores = " ".join(f"@{n}={row[f'{method}@{n}']:.3f}" for n in at if n <= args.runs)
             print(f"{method:6s} {scores}  oom_runs={row[f'{method}_oom']:.1f}  starts_to_verified="
-                  f"{row[f'{method}_starts']:.0f}  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
+                  f"{row[f'{method}_starts']:.0f} (trust {row[f'{method}_trust']:.0f}, unraced "
+                  f"{row[f'{method}_unraced']:.0f})  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
             if method == "twin":
                 for rec in recs:
                     print(f"       {rec['twin']}")
