@@ -77,20 +77,6 @@ class FreeMemory:
         return self.free_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
-def foreign_bytes(gpus: list[tuple[int, int, int]], live: dict[str, Any] | None, serving: bool) -> int | None:
-    """Other processes' memory on production's GPUs, the most on one, from (total, used, production's) per
-    GPU, production's being what NVML lists for its processes. Where those hold nothing (not found: a
-    remote endpoint, a container's proxy listening), production is taken to hold its budget (vLLM sizes its
-    cache so that it holds utilization x total): an estimate off by what it keeps outside that budget, CUDA
-    graphs and the transient (~0.2 to 1.2 GiB for the simulated 8B model). While production is down, all
-    used memory is others'. None without GPU figures."""
-    if not gpus:
-        return None
-    util = float((live or {}).get(UTILIZATION, defaults.GPU_MEMORY_UTILIZATION))
-    others = [used if not serving else used - (ours or int(util * total)) for total, used, ours in gpus]
-    return max(0, *others)
-
-
 def fit_to_free(flags: dict[str, Any], free: FreeMemory | None) -> tuple[dict[str, Any], str | None]:
     """`flags` with the utilization lowered to what is free, and a sentence saying so; unchanged when it fits.
     None flags when even the floor does not fit."""

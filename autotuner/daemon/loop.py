@@ -29,7 +29,9 @@ import structlog
 from autotuner.daemon.config import LoadedConfig, load_config
 from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
-from autotuner.daemon.keeper import FreeMemory, Keeper, foreign_bytes
+from autotuner.daemon.gpu_memory import production_foreign, production_free
+from autotuner.daemon.health import DOWN_GRACE_S, HealthWatch
+from autotuner.daemon.keeper import FreeMemory, Keeper
 from autotuner.daemon.known_good import KnownGoodChain
 from autotuner.daemon.notify import Notifier
 from autotuner.daemon.refusals import OOM as OOM_REFUSAL
@@ -41,27 +43,25 @@ from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identit
 from autotuner.errors import UserInputError
 from autotuner.fleet.coordinator import ADOPT_TRIGGER, RETUNE_TRIGGER, ROLLOUT_ID, STUDY, WARM_START, Fleet, Retune
 from autotuner.fleet.membership import group_keys
-from autotuner.proc_identity import create_time, listening_tree
+from autotuner.proc_identity import create_time
 from autotuner.scenario import Scenario
 from autotuner.secrets import remember
 from autotuner.store.db import Store
 from autotuner.watch.fingerprint import model_fingerprint
-from autotuner.watch.inventory import gpu_holders, gpu_inventory, gpu_used_bytes
+from autotuner.watch.inventory import gpu_inventory
 from autotuner.watch.probe import probe
 from autotuner.watch.snapshot import GpuInfo, ProductionSnapshot
 
 log = structlog.get_logger("autotuner.daemon")
 
 MANUAL = "manual"  # the trigger of `daemon run --once` when nothing else fired
-HEALTH_INTERVAL_S = 1.0
-HEARTBEAT_S = 5.0
-DOWN_GRACE_S = 3.0
 PARKED = (WINDOW, PROPOSED)
 
 
 class Daemon:
     def __init__(self, config_path: Path) -> None:
         self.config_path = config_path
+        self.health = HealthWatch(self)
         self._load(load_config(config_path))
         self.stopping: asyncio.Event | None = None
         self.reload_requested = False
@@ -71,8 +71,6 @@ class Daemon:
         self.last_snapshot: ProductionSnapshot | None = None
         self.noted: set[str] = set()  # trigger kinds already written since the last cycle (a due one fires each poll)
         self.active: Cycle | None = None  # the cycle being driven right now (not parked)
-        self.down_seen_at: float | None = None  # production unreachable and its target says not running, since
-        self.restoring: asyncio.Future[Any] | None = None  # a restore the health task started during a cycle
         self.hup_applied = False  # a SIGHUP's config already handed to the cycle in flight
 
     def _load(self, loaded: LoadedConfig) -> None:
@@ -98,7 +96,7 @@ class Daemon:
                              chain=self.chain, refusals=self.refusals, runtime=self.runtime,
                              startup_timeout_s=loaded.scenario.engine.startup_timeout_s,
                              free_memory=self.free_memory, notify=self.notify, box=self.box,
-                             fingerprint=self.fingerprint, count_down=self._count_down)
+                             fingerprint=self.fingerprint, count_down=self.health.count_down)
 
     # --- facts ----------------------------------------------------------------------------------------
     def notify(self, event: str, text: str, detail: dict[str, Any]) -> None:
@@ -122,32 +120,11 @@ class Daemon:
         return refusal_fingerprint(ref, self.production_scenario()), box_fingerprint(ref)
 
     def free_memory(self) -> FreeMemory | None:
-        """The smallest free memory over production's GPUs (all of the box's unless production.gpus says)."""
-        try:
-            gpus = gpu_used_bytes()
-        except Exception as exc:  # no NVML: nothing to fit to
-            log.debug("daemon.no_gpu_memory", error=str(exc))
-            return None
-        wanted = self.config.production.gpus
-        rows = [(g, used) for g, used in gpus if wanted is None or g.index in wanted]
-        if not rows:
-            return None
-        g, used = min(rows, key=lambda r: r[0].memory_total_mib * 2**20 - r[1])
-        total = g.memory_total_mib * 2**20
-        return FreeMemory(total, max(0, total - used))
+        return production_free(self.config.production.gpus)
 
     def foreign_memory(self) -> int | None:
-        """Other processes' memory on production's GPUs (the most on one); None without NVML."""
-        try:
-            gpus = gpu_holders()
-        except Exception:  # no NVML: nothing to compare
-            return None
-        port = urlsplit(self.config.production.endpoint).port
-        production = {p.pid for p in listening_tree(port)} if port else set()
-        wanted = self.config.production.gpus
-        rows = [(g.memory_total_mib * 2**20, used, sum(n for pid, n in held if pid in production))
-                for g, used, held in gpus if wanted is None or g.index in wanted]
-        return foreign_bytes(rows, self.target.current(), bool(self.runtime.get().production_up))
+        return production_foreign(self.config.production.endpoint, self.config.production.gpus,
+                                  self.target.current(), bool(self.runtime.get().production_up))
 
     # --- status ------------------------------------------------------------------------------------
     def current_state(self) -> str:
@@ -205,7 +182,7 @@ class Daemon:
         log.info("daemon.started", config=str(self.config_path), deployment=self.states.deployment,
                  listen=f"{listen.host}:{self.port}", storage=self.store.url, pid=pid, once=once)
         self.warn_if_cycles_cannot_complete()
-        health = asyncio.ensure_future(self.watch_health())
+        health = asyncio.ensure_future(self.health.run())
         try:
             cycle = self.states.open_cycle()
             if cycle is not None:
@@ -277,48 +254,6 @@ class Daemon:
         self._load(loaded)
         log.info("daemon.reloaded", config=str(self.config_path))
 
-    # --- production's health, all the time -----------------------------------------------------------
-    async def watch_health(self) -> None:
-        """/health every second: production up or down, since when, and the downtime it showed — planned
-        when a cycle took it down, unplanned otherwise. Runs beside cycles; never raises."""
-        last_tick = time.time()
-        last_beat = 0.0
-        up_state: bool | None = None
-        interval = min(HEALTH_INTERVAL_S, self.config.triggers.poll_interval_s)
-        while True:
-            try:
-                up = await self.keeper.healthy(timeout_s=2.0)
-                now = time.time()
-                if up_state is not None and not up_state and not self.keeper.restarts_in_flight:
-                    # What a restart took, the keeper counted (to the second /health answered).
-                    since = max(last_tick, self.keeper.counted_until)
-                    if now > since:
-                        self._count_down(now - since)
-                if up != up_state:
-                    rt = self.runtime.get()
-                    self.runtime.set(production_up=up, production_since=now,
-                                     production_error=None if up else "no 200 from /health")
-                    planned = self._planned()
-                    if up_state is not None:
-                        self.states.note("production-up" if up else "production-went-down",
-                                         {"planned": planned, "alarm": rt.alarm})
-                    if not up and not planned and up_state is not None:
-                        self.notify("production-down", "production stopped answering /health", {})
-                    up_state = up
-                if self.reload_requested and self.driver is not None:
-                    self._reload_into_cycle()
-                if not up and self.active is not None and not self._planned():
-                    self._restore_during_cycle(now)
-                if now - last_beat >= HEARTBEAT_S:
-                    self.runtime.set(heartbeat_at=now)
-                    last_beat = now
-                last_tick = now
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database busy, a resource error: try again next tick
-                log.warning("daemon.health_failed", error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(interval)
-
     def _reload_into_cycle(self) -> None:
         """SIGHUP during a cycle: its window, max_downtime and budgets apply to the cycle in flight at once
         (a window closed by the operator stops the tune); the rest (target, storage) after the cycle."""
@@ -334,30 +269,6 @@ class Daemon:
         if self.driver is not None:
             self.driver.config = loaded.config
             log.info("daemon.reloaded_into_cycle", config=str(self.config_path), window=loaded.config.window)
-
-    def _restore_during_cycle(self, now: float) -> None:
-        """Production died while a cycle that needs it serving runs (a virtual-time tune, a wait for the
-        window): the poll loop is inside the cycle, so the health task starts the restore. The OOM lines stay
-        unread for the poll after the cycle (its refusal and re-tune); production comes back now."""
-        if self.down_seen_at is None:
-            self.down_seen_at = now
-        if now - self.down_seen_at < DOWN_GRACE_S or (self.restoring is not None and not self.restoring.done()):
-            return
-        if now < self.keeper.next_try_at:
-            return
-        live = self.target.current()
-        self.restoring = asyncio.ensure_future(self.keeper.bring_up(
-            "production down during a cycle", first=self.keeper.restore_flags(live)))
-
-    def _planned(self) -> bool:
-        cycle = self.active
-        return cycle is not None and cycle.down_since is not None
-
-    def _count_down(self, seconds: float) -> None:
-        planned = self._planned()
-        self.runtime.add_downtime(seconds, planned)
-        if self.active is not None:
-            self.states.add_downtime(self.active.id, seconds)
 
     # --- polling -------------------------------------------------------------------------------------
     async def observe(self) -> tuple[ProductionSnapshot, tuple[GpuInfo, ...]]:
@@ -491,16 +402,17 @@ class Daemon:
         """Production down: bring it back now, whatever the window says (an OOM: on a config with more
         headroom). A failed bring-up is retried with backoff at later polls."""
         if snap.reachable and await self.keeper.healthy():
-            self.down_seen_at = None
+            self.health.down_seen_at = None
             return
         now = time.time()
         crash = next((t for t in fired if t.kind in (OOM, CRASH)), None)
         target_down = await asyncio.to_thread(self.target.is_up) is False
-        if target_down and self.down_seen_at is None:
-            self.down_seen_at = now
+        if target_down and self.health.down_seen_at is None:
+            self.health.down_seen_at = now
         # A person's restart (stop, then start) is over within seconds: only a service still down after
         # DOWN_GRACE_S is ours to start, so that the two starts do not race.
-        target_down = target_down and self.down_seen_at is not None and now - self.down_seen_at >= DOWN_GRACE_S
+        seen = self.health.down_seen_at
+        target_down = target_down and seen is not None and now - seen >= DOWN_GRACE_S
         retry_due = self.runtime.get().alarm is not None and now >= self.keeper.next_try_at
         if crash is None and not target_down and not retry_due:
             return  # maybe a restart by a person: the crash trigger fires after the grace
