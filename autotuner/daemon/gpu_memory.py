@@ -54,9 +54,10 @@ def foreign_bytes(gpus: list[tuple[int, int, int]], live: dict[str, Any] | None,
     remote endpoint, a container's proxy listening), production is taken to hold its budget (vLLM sizes its
     cache so that it holds utilization x total): an estimate off by what it keeps outside that budget, CUDA
     graphs and the transient (~0.2 to 1.2 GiB for the simulated 8B model). While production is down, all
-    used memory is others'. None without GPU figures."""
+    used memory is others'. None without GPU figures. Production's processes found holding memory count as
+    production's whatever `serving` says (the health task may not have seen a restart end yet)."""
     if not gpus:
         return None
     util = float((live or {}).get(UTILIZATION, defaults.GPU_MEMORY_UTILIZATION))
-    others = [used if not serving else used - (ours or int(util * total)) for total, used, ours in gpus]
+    others = [used - ours if ours else used - int(util * total) if serving else used for total, used, ours in gpus]
     return max(0, *others)

@@ -116,6 +116,11 @@ class Fleet:
     def pending(self, foreign_bytes: int | None = None) -> rollout.Step | Retune | None:
         """The group's winner, when it is this box's turn to adopt it; a Retune when this box has more of
         other processes' memory than the box that tuned it (`foreign_bytes`: the most on one of its GPUs)."""
+        r = rollout.latest(self.engine, self.group)
+        if r is not None and r.foreign_bytes is not None and foreign_bytes is None and r.tuned_by != self.box:
+            # Not blindly: this box's GPU memory could not be read this poll, the tuning box's was.
+            self.waiting = "this box's GPU memory could not be read to compare with the tuning box's"
+            return None
         misfit = self._misfit(foreign_bytes)
         if misfit is not None:
             return misfit

@@ -20,9 +20,22 @@ def test_a_range_is_honoured_and_no_port_is_handed_out_twice(monkeypatch: pytest
     assert len(set(ports)) == 40
 
 
-def test_a_port_in_use_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as held:
+def _held_below_a_free_one() -> socket.socket:
+    """A socket bound to a port whose next port is free now (on a busy box the kernel's next pick may not be)."""
+    for _ in range(50):
+        held = socket.socket()
         held.bind(("127.0.0.1", 0))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", held.getsockname()[1] + 1))
+                return held
+            except OSError:
+                held.close()
+    raise AssertionError("no port with a free neighbour in 50 tries")
+
+
+def test_a_port_in_use_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    with _held_below_a_free_one() as held:
         taken = held.getsockname()[1]
         monkeypatch.setenv(PORT_RANGE_ENV, f"{taken}-{taken + 1}")
         assert free_port() == taken + 1
