@@ -12,10 +12,9 @@ import structlog
 from autotuner.daemon.keeper import UTILIZATION, FreeMemory
 from autotuner.proc_identity import listening_tree
 from autotuner.vllm import defaults
-from autotuner.watch.inventory import gpu_holders, gpu_used_bytes
+from autotuner.watch.inventory import MIB, gpu_holders, gpu_used_bytes
 
 log = structlog.get_logger(__name__)
-MIB = 1 << 20
 
 
 def production_free(wanted: Sequence[int] | None) -> FreeMemory | None:

@@ -14,12 +14,12 @@ from sqlalchemy.engine import Engine
 
 from autotuner.fleet import lease, membership, rollout
 from autotuner.fleet.tables import create
+from autotuner.monitor.foreign import MIB
 
 log = structlog.get_logger("autotuner.fleet")
 
 ADOPT_TRIGGER = "fleet-adopt"
 RETUNE_TRIGGER = "fleet-retune"
-MIB = 1 << 20
 # More of other processes' memory than the tuning box had, beyond this, and the winner's headroom above its
 # utilization (where the unprofiled transient lands) is not what its soak proved: re-tune. Above the error
 # of the daemon's estimate between two configs of one model (daemon/keeper.py: foreign_bytes).
@@ -121,7 +121,7 @@ class Fleet:
             # Not blindly: this box's GPU memory could not be read this poll, the tuning box's was.
             self.waiting = "this box's GPU memory could not be read to compare with the tuning box's"
             return None
-        misfit = self._misfit(foreign_bytes)
+        misfit = self._misfit(r, foreign_bytes)
         if misfit is not None:
             return misfit
         step = rollout.next_step(self.engine, self.group, self.box, self.healthy_s,
@@ -129,8 +129,7 @@ class Fleet:
         self.waiting = None if step is None or step.adopt else step.why
         return step if step is not None and step.adopt else None
 
-    def _misfit(self, foreign_bytes: int | None) -> Retune | None:
-        r = rollout.latest(self.engine, self.group)
+    def _misfit(self, r: rollout.Rollout | None, foreign_bytes: int | None) -> Retune | None:
         if r is None or r.state not in rollout.IN_FLIGHT or r.foreign_bytes is None or foreign_bytes is None:
             return None
         extra = foreign_bytes - r.foreign_bytes
