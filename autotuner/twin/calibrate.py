@@ -41,6 +41,10 @@ ITERATIONS = 3
 MAX_STEP = np.array([0.5, 0.5, 2e-3])
 MAX_PERF_TRIALS = 8  # the latest ones; older evidence is already in the priors it moved
 MAX_MEMORY_TRIALS = 4
+# One run's peak beyond the twin's, run to run (allocator fragmentation: the simulator draws 0–384 MiB)
+# and the prior on the offset every run of this box carries.
+PEAK_RUN_SIGMA_BYTES = 128 * 2**20
+PEAK_OFFSET_PRIOR_BYTES = 512 * 2**20
 Z95 = 1.96
 
 
@@ -91,13 +95,37 @@ class TrialFit:
 
 
 @dataclass(frozen=True)
+class PeakFit:
+    """What the measured peaks say beyond the transient scale: the offset every run carries, the
+    covariance of (scale, offset) and one run's own spread, in bytes."""
+
+    offset_bytes: float
+    cov: np.ndarray = field(compare=False)
+    run_sigma_bytes: float
+
+    def sigma_bytes(self, slope: float) -> float:
+        """The standard deviation of a predicted peak whose transient moves `slope` bytes per unit of
+        scale: the fit's uncertainty there plus one run's spread."""
+        v = np.array([slope, 1.0])
+        return math.sqrt(max(0.0, float(v @ self.cov @ v)) + self.run_sigma_bytes**2)
+
+
+@dataclass(frozen=True)
 class Calibration:
     params: BoxParams
     fits: tuple[TrialFit, ...]  # throughput predicted (with the fitted params) against measured
-    peak_sigma_bytes: float  # spread of measured peaks around the fitted twin's
+    peak: PeakFit  # the memory peak's fit: offset and uncertainty
     # measured / predicted per metric (geometric median over the served trials, fitted params): what the
     # three box parameters cannot say (a tail percentile's queueing, a curve no scalar fits), corrected.
     bias: dict[str, float] = field(default_factory=dict)
+    # Posterior covariance of the performance vector (params.PERF, as fitted: log, log, seconds); None
+    # when no served trial informed it (the prior's own then).
+    perf_cov: tuple[tuple[float, ...], ...] | None = None
+
+    def perf_covariance(self) -> np.ndarray:
+        if self.perf_cov is not None:
+            return np.array(self.perf_cov, dtype=float)
+        return np.diag(np.array(_prior_sigma(self.params), dtype=float) ** 2)
 
     @property
     def error_p50(self) -> float | None:
@@ -111,10 +139,11 @@ def calibrate(box: TwinBox, obs: Sequence[Observation], prior: BoxParams = PRIOR
     `start` (the last calibration: one more trial moves it little, so one or two steps suffice)."""
     params = replace(prior, notes=[])
     params = _fit_non_torch(box, obs, params)
-    params, peak_sigma = _fit_transient(box, obs, params)
+    params, peak = _fit_transient(box, obs, params)
     served = [o for o in obs if o.served][-MAX_PERF_TRIALS:]
+    cov = None
     if served:
-        params = _fit_perf(box, served, params, prior, start)
+        params, cov = _fit_perf(box, served, params, prior, start)
     params = replace(params, fitted_on=len(obs))
     fits = []
     ratios: dict[str, list[float]] = {}
@@ -129,7 +158,8 @@ def calibrate(box: TwinBox, obs: Sequence[Observation], prior: BoxParams = PRIOR
                 ratios.setdefault(name, []).append(math.log(measured / value))
     # Shrunk towards 1 by one pseudo-observation: a single trial's noise is not a bias.
     bias = {name: math.exp(statistics.median(logs) * len(logs) / (len(logs) + 1)) for name, logs in ratios.items()}
-    return Calibration(params, tuple(fits), peak_sigma, bias)
+    return Calibration(params, tuple(fits), peak, bias,
+                       None if cov is None else tuple(tuple(float(x) for x in row) for row in cov))
 
 
 def _fit_non_torch(box: TwinBox, obs: Sequence[Observation], params: BoxParams) -> BoxParams:
@@ -154,38 +184,49 @@ def _peak(result: TrialResult) -> int | None:
     return int(max(peaks)) if isinstance(peaks, list) and peaks else None
 
 
-def _fit_transient(box: TwinBox, obs: Sequence[Observation], params: BoxParams) -> tuple[BoxParams, float]:
-    """Peak = intercept + slope × scale for each measured trial; the scale where they meet the measured
-    peaks (median), raised to what each measured OOM needs."""
+def _fit_transient(box: TwinBox, obs: Sequence[Observation], params: BoxParams) -> tuple[BoxParams, PeakFit]:
+    """Peak = intercept + slope × scale + offset for each measured trial (intercept and slope from two
+    predictions: the peak is linear in the scale); (scale, offset) by maximum a posteriori, raised to
+    what each measured OOM needs. Least squares weighs a trial by its slope, as it should: a small token
+    budget's peak is mostly steady memory and says little of the transient per token (a median of
+    per-trial ratios let one run's allocator jitter over a small slope set the scale). The offset takes
+    the memory every run carries beyond the twin's (fragmentation), which is no transient per token."""
     served = [o for o in obs if o.outcome == Outcome.OK and o.peak_bytes][-MAX_MEMORY_TRIALS:]
     ooms = [o for o in obs if o.outcome in OOM_OUTCOMES][-MAX_MEMORY_TRIALS:]
-    scales, lines = [], []
+    lines = []
     for o in served + ooms:
         one, two = box.predict(o.flags, _with(params, transient_scale=1.0)), \
             box.predict(o.flags, _with(params, transient_scale=2.0))
         p1, p2 = _peak(one), _peak(two)
         if p1 is None or p2 is None or p2 <= p1:
             continue
-        slope = p2 - p1
-        lines.append((o, p1 - slope, slope))
-        if o in served and o.peak_bytes is not None:
-            scales.append((o.peak_bytes - (p1 - slope)) / slope)
+        lines.append((o, p1 - (p2 - p1), p2 - p1))
+    prior_mean = np.array([params.transient_scale.value, 0.0])
+    precision = np.diag([1 / TRANSIENT_PRIOR_SIGMA**2, 1 / PEAK_OFFSET_PRIOR_BYTES**2])
+    fitted = [(o, i, sl) for o, i, sl in lines if o in served and o.peak_bytes is not None]
     if not lines:
-        return params, 384 * 2**20
-    value = max(0.0, statistics.median(scales)) if scales else params.transient_scale.value
+        return params, PeakFit(0.0, np.linalg.inv(precision), PEAK_RUN_SIGMA_BYTES)
+    design = np.array([[sl, 1.0] for _o, _i, sl in fitted]).reshape(-1, 2)
+    target = np.array([float(o.peak_bytes or 0) - i for o, i, _sl in fitted])
+    noise = PEAK_RUN_SIGMA_BYTES
+    for _ in range(2):  # the run-to-run spread as the residuals show it, once there are enough of them
+        lhs = design.T @ design / noise**2 + precision
+        mean = np.linalg.solve(lhs, design.T @ target / noise**2 + precision @ prior_mean)
+        if len(fitted) < 3:
+            break
+        noise = max(PEAK_RUN_SIGMA_BYTES, float(np.std(target - design @ mean)))
+    cov = np.linalg.inv(lhs)
+    value, offset = max(0.0, float(mean[0])), float(mean[1])
     floor = 0.0
     for o, intercept, slope in lines:
         if o in ooms and o.limit_fraction_total:
             # It went past the threshold or the card: the transient is at least what reaches the limit.
             limit = o.peak_bytes if o.peak_bytes else o.limit_fraction_total
-            floor = max(floor, (min(limit, o.limit_fraction_total) - intercept) / slope)
+            floor = max(floor, (min(limit, o.limit_fraction_total) - intercept - offset) / slope)
     value = max(value, floor)
-    residuals = [o.peak_bytes - (i + s * value) for o, i, s in lines if o in served and o.peak_bytes is not None]
-    peak_sigma = statistics.pstdev(residuals) if len(residuals) > 1 else 384 * 2**20
-    spread = statistics.pstdev(scales) if len(scales) > 1 else 0.15
-    sigma = 1 / math.sqrt(1 / TRANSIENT_PRIOR_SIGMA**2 + max(1, len(scales)) / max(spread, 0.03) ** 2)
-    est = Estimate(value, max(floor, value - Z95 * sigma), value + Z95 * sigma)
-    return _with_estimate(params, "transient_scale", est), max(peak_sigma, 64 * 2**20)
+    half = Z95 * math.sqrt(cov[0, 0])
+    est = Estimate(value, max(floor, value - half), value + half)
+    return _with_estimate(params, "transient_scale", est), PeakFit(offset, cov, noise)
 
 
 def _residuals(box: TwinBox, served: Sequence[Observation], params: BoxParams) -> list[float]:
@@ -202,20 +243,20 @@ def _residuals(box: TwinBox, served: Sequence[Observation], params: BoxParams) -
 
 
 def _fit_perf(box: TwinBox, served: Sequence[Observation], params: BoxParams, prior: BoxParams,
-              start: BoxParams | None) -> BoxParams:
+              start: BoxParams | None) -> tuple[BoxParams, np.ndarray]:
     mean = np.array(prior.perf_vector(), dtype=float)
     sigma = np.array(_prior_sigma(prior), dtype=float)
     theta = np.array(start.perf_vector(), dtype=float) if start is not None else mean.copy()
     precision = np.diag(1 / sigma**2)
     jac = None
     for _ in range(ITERATIONS):
-        base = _with_perf(params, theta)
+        base = with_perf(params, theta)
         r = np.array(_residuals(box, served, base))
         cols = []
         for i, step in enumerate(STEPS):
             moved = theta.copy()
             moved[i] += step
-            cols.append((np.array(_residuals(box, served, _with_perf(params, moved))) - r) / step)
+            cols.append((np.array(_residuals(box, served, with_perf(params, moved))) - r) / step)
         jac = np.stack(cols, axis=1)
         # Gauss-Newton on ‖r‖² + ‖θ − μ‖²_P with r(θ + δ) ≈ r + J δ.
         lhs = jac.T @ jac + precision
@@ -227,10 +268,10 @@ def _fit_perf(box: TwinBox, served: Sequence[Observation], params: BoxParams, pr
     cov = np.linalg.inv((jac.T @ jac if jac is not None else 0) + precision)
     half = Z95 * np.sqrt(np.diag(cov))
     ce, be, ovh = theta
-    return replace(_with_perf(params, theta),
+    return replace(with_perf(params, theta),
                    compute_efficiency=Estimate(math.exp(ce), math.exp(ce - half[0]), math.exp(ce + half[0])),
                    bandwidth_efficiency=Estimate(math.exp(be), math.exp(be - half[1]), math.exp(be + half[1])),
-                   step_overhead_s=Estimate(max(0.0, ovh), max(0.0, ovh - half[2]), max(0.0, ovh + half[2])))
+                   step_overhead_s=Estimate(max(0.0, ovh), max(0.0, ovh - half[2]), max(0.0, ovh + half[2]))), cov
 
 
 def _prior_sigma(prior: BoxParams) -> tuple[float, float, float]:
@@ -242,7 +283,7 @@ def _prior_sigma(prior: BoxParams) -> tuple[float, float, float]:
             max(1e-4, (ovh.high - ovh.low) / (2 * Z95)))
 
 
-def _with_perf(params: BoxParams, theta: np.ndarray) -> BoxParams:
+def with_perf(params: BoxParams, theta: np.ndarray) -> BoxParams:
     ce, be, ovh = (float(x) for x in theta)
     return _with(params, compute_efficiency=math.exp(ce), bandwidth_efficiency=math.exp(be),
                  step_overhead_s=max(0.0, ovh))

@@ -14,6 +14,7 @@ recomputed from the stored trials, so a resumed study continues where it was.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -101,9 +102,18 @@ class TwinGuide:
                                                                  TrialState.COMPLETE)]
         ranked = search.run(extra=measured)
         taken = {key_of(p) for p in measured + pending}
-        best_measured = next((c for c in ranked if c.key in taken), None)
+        # The best the twin ranks among those measured within the SLOs: what the search would end on.
+        held = {key_of(dict(t.params)) for t in trials
+                if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")}
+        best_measured = next((c for c in ranked if c.key in held), None)
         nxt = next((c for c in ranked if c.key not in taken), None)
         if self._converged(search, best_measured, nxt):
+            probe = self._unsure(search, best_measured, taken)
+            if probe is not None:
+                study.enqueue_trial(probe.params, user_attrs={**self._attrs(probe), "twin_probe": True})
+                log.info("twin.probe", study=self.study_name, flags=probe.flags, predicted=probe.value,
+                         note="could beat the best measured within the calibration's uncertainty")
+                return None
             log.info("twin.converged", study=self.study_name, finalists=len(self.finalists))
             return CONVERGED
         if nxt is None and not ranked:
@@ -167,6 +177,16 @@ class TwinGuide:
         if search.objective.direction == "minimize":
             gain = -gain
         return gain <= CONVERGE_MARGIN
+
+    def _unsure(self, search: TwinSearch, best: Candidate | None, taken: set[str]) -> Candidate | None:
+        """The unmeasured candidate that could most plausibly beat the best measured by more than
+        CONVERGE_MARGIN (None: nothing could): a finalist's prediction can come true while the box's
+        parameters stay loose along a direction the measured trials never tested."""
+        if best is None:
+            return None
+        scored = [(g, c) for c in search.contenders(taken)
+                  if (g := search.optimistic_gain(c, best)) is not None and g > math.log1p(CONVERGE_MARGIN)]
+        return max(scored, key=lambda gc: gc[0])[1] if scored else None
 
     def describe(self) -> str:
         """One line for the summary: what the twin did, or why there was none."""

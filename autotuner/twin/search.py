@@ -2,9 +2,11 @@
 predicted by the calibrated twin in virtual time.
 
 A candidate is feasible when the twin says it serves within the SLOs and its predicted memory peak
-stays under the OOM threshold by `PEAK_MARGIN_SIGMAS` times the calibration's peak uncertainty (the
-measured peaks' spread around the twin's, plus what the transient scale's interval moves): a wrong
-memory guess costs an OOM engine run, a cautious one a few percent of throughput. Ranked by the
+(plus the offset every run of this box carries) stays under the OOM threshold by `PEAK_MARGIN_SIGMAS`
+standard deviations of that prediction (the fitted scale's and offset's uncertainty where this candidate's
+transient puts it, plus one run's spread): a wrong memory guess costs an OOM engine run, a cautious one a
+few percent of throughput. Where nothing is feasible at that margin, the best SLO-feasible candidate
+under the limit at one deviation is measured: it says where the wall is. Ranked by the
 scenario's first objective.
 """
 
@@ -15,13 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
 import optuna
 
 from autotuner.scenario import Scenario
 from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import constraints_of, feasible, threshold_of
 from autotuner.twin.box import TwinBox
-from autotuner.twin.calibrate import Calibration
+from autotuner.twin.calibrate import STEPS, Calibration, with_perf
 
 
 class SearchSpace(Protocol):
@@ -35,6 +38,9 @@ class SearchSpace(Protocol):
 
 
 PEAK_MARGIN_SIGMAS = 2.0
+# Before saying nothing better is left: how far an unmeasured candidate could plausibly beat the best
+# measured one under the calibration's uncertainty (one-sided 95 %, in the twin's own frame).
+EXPLORE_Z = 1.64
 COARSE_POINTS = {"int-log": 8, "int": 6, "float": 6}
 MAX_COARSE = 96
 REFINE_TOP = 3
@@ -49,6 +55,8 @@ class Candidate:
     feasible: bool
     margin_bytes: float  # predicted room under the OOM limit, after the uncertainty margin
     violation: float = 0.0  # how far from feasible (the largest constraint; 1 past the memory margin)
+    sigma_bytes: float = 0.0  # the predicted peak's standard deviation
+    slo_met: bool = False  # within every SLO (whatever the memory margin says)
 
     @property
     def key(self) -> str:
@@ -142,8 +150,6 @@ class TwinSearch:
         self.objective = scenario.objectives[0]
         self.threshold = threshold_of(scenario)
         self._seen: dict[str, Candidate] = {}
-        p = calibration.params.transient_scale
-        self._transient_sigma = (p.high - p.low) / (2 * 1.96)
 
     def predict(self, params: Mapping[str, Any]) -> Candidate:
         key = key_of(params)
@@ -160,24 +166,25 @@ class TwinSearch:
                                               for k, v in result.metrics.items()})
         value = result.metrics.get(self.objective.metric)
         constraints = constraints_of(result, self.scenario)
-        ok = feasible(constraints) and isinstance(value, int | float)
+        ok = slo_met = feasible(constraints) and isinstance(value, int | float)
         violation = max(0.0, *constraints.values())
-        margin = math.inf
+        margin, sigma = math.inf, 0.0
         peaks, totals = result.memory.get("peak_bytes"), result.memory.get("total_bytes")
         if isinstance(peaks, list) and peaks and isinstance(totals, list) and totals:
             total = int(max(totals))
-            peak = float(max(peaks))
+            fit = self.calibration.peak
+            peak = float(max(peaks)) + fit.offset_bytes
             scale = max(1e-9, self.calibration.params.transient_scale.value)
-            # What the transient scale's interval moves, in bytes: the transient share of this peak.
+            # Bytes the peak moves per unit of the transient scale: the transient share of this peak.
             steady = result.memory.get("steady_bytes")
-            transient_share = max(0.0, peak - float(steady)) if isinstance(steady, int | float) else 0.1 * peak
-            sigma = math.hypot(self.calibration.peak_sigma_bytes, transient_share / scale * self._transient_sigma)
+            transient = max(0.0, float(max(peaks)) - float(steady)) if isinstance(steady, int | float) else 0.1 * peak
+            sigma = fit.sigma_bytes(transient / scale)
             margin = self.threshold.limit_bytes(total) - peak - PEAK_MARGIN_SIGMAS * sigma
             ok = ok and margin >= 0
         if margin < 0:
             violation = max(violation, 1.0)
         return Candidate(params, flags, result, float(value) if isinstance(value, int | float) else None, ok, margin,
-                         violation)
+                         violation, sigma, slo_met)
 
     def better(self, a: Candidate, b: Candidate) -> bool:
         if a.value is None or b.value is None:
@@ -188,9 +195,15 @@ class TwinSearch:
         return self.ranked_any(c for c in candidates if c.feasible)
 
     def nearest_feasible(self, exclude: set[str]) -> Candidate | None:
-        """When the twin predicts nothing feasible: the serving candidate that misses its SLO by least
-        (within the memory margin), best by the objective among near ties. Measuring it tells the twin
-        where the edge really is."""
+        """When the twin predicts nothing feasible: the best candidate within the SLOs whose peak stays
+        under the limit at one standard deviation (the full margin was too cautious to call it feasible:
+        SLOs that need the KV cache of a high utilisation put the front at the memory wall); else the
+        serving candidate that misses its SLO by least (within the memory margin), best by the objective
+        among near ties. Measuring it tells the twin where the edge really is."""
+        edge = [c for c in self._seen.values() if c.key not in exclude and c.slo_met
+                and c.margin_bytes + (PEAK_MARGIN_SIGMAS - 1) * c.sigma_bytes >= 0]
+        if edge:
+            return self.ranked_any(edge)[0]
         pool = [c for c in self._seen.values() if c.key not in exclude and c.value is not None
                 and c.margin_bytes >= 0 and c.violation < 1.0]
         if not pool:
@@ -198,6 +211,53 @@ class TwinSearch:
         least = min(c.violation for c in pool)
         near = [c for c in pool if c.violation <= least + 0.02]
         return self.ranked_any(near)[0]
+
+    def contenders(self, exclude: set[str]) -> list[Candidate]:
+        """Unmeasured feasible candidates worth asking "could it be better?": the best few, and the best
+        at each value of each axis, so that the far end of an axis no measurement reached is asked too."""
+        pool = [c for c in self.ranked(self._seen.values()) if c.key not in exclude]
+        out = {c.key: c for c in pool[:REFINE_TOP]}
+        for name in self.space.distributions:
+            best_at: dict[str, Candidate] = {}
+            for c in pool:  # best first: the first seen at a value is its best
+                best_at.setdefault(key_of({name: c.params.get(name)}), c)
+            for c in best_at.values():
+                out.setdefault(c.key, c)
+        return list(out.values())
+
+    def optimistic_gain(self, c: Candidate, best: Candidate) -> float | None:
+        """How much better than `best` `c` could be (log ratio, > 0: better), its predicted gain plus
+        EXPLORE_Z standard deviations of that gain under the calibrated parameters' covariance: the
+        candidates differ in how they load compute, bandwidth and the per-step overhead, so a parameter
+        the measurements left loose moves one more than the other."""
+        gc, gb = self._gradient(c), self._gradient(best)
+        if gc is None or gb is None or c.value is None or best.value is None or c.value <= 0 or best.value <= 0:
+            return None
+        sign = 1.0 if self.objective.direction == "maximize" else -1.0
+        gain = sign * (math.log(c.value) - math.log(best.value))
+        d = gc - gb
+        sd = float(math.sqrt(max(0.0, float(d @ self.calibration.perf_covariance() @ d))))
+        return gain + EXPLORE_Z * sd
+
+    def _gradient(self, c: Candidate) -> np.ndarray | None:
+        params = self.calibration.params
+        theta = np.array(params.perf_vector(), dtype=float)
+        base = self._log_value(c.flags, params)
+        if base is None:
+            return None
+        out = []
+        for i, step in enumerate(STEPS):
+            moved = theta.copy()
+            moved[i] += step
+            value = self._log_value(c.flags, with_perf(params, moved))
+            if value is None:
+                return None
+            out.append((value - base) / step)
+        return np.array(out)
+
+    def _log_value(self, flags: Mapping[str, Any], params: Any) -> float | None:
+        value = self.box.predict(flags, params).metrics.get(self.objective.metric)
+        return math.log(value) if isinstance(value, int | float) and value > 0 else None
 
     def ranked_any(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         sign = -1.0 if self.objective.direction == "maximize" else 1.0
@@ -209,7 +269,19 @@ class TwinSearch:
         for params in [*coarse_grid(self.space), *extra]:
             self.predict(params)
         for fraction, top in ((1 / 14, REFINE_TOP), (1 / 28, 1)):
-            for c in self.ranked(self._seen.values())[:top]:
+            for c in self._centres(top):
                 for params in neighbours(self.space, c.params, fraction):
                     self.predict(params)
         return self.ranked(self._seen.values())
+
+    def _centres(self, top: int) -> list[Candidate]:
+        """Where to refine: the best feasible; short of `top` of them, the serving candidates nearest to
+        feasible too (a narrow feasible band, e.g. between an SLO that wants KV cache and the memory wall,
+        can fall between the coarse grid's points)."""
+        out = self.ranked(self._seen.values())[:top]
+        if len(out) < top:
+            near = sorted((c for c in self._seen.values() if c.value is not None and not c.feasible),
+                          key=lambda c: (round(c.violation, 2), -(c.value or 0.0)
+                                         if self.objective.direction == "maximize" else c.value or 0.0))
+            out += near[:top - len(out)]
+        return out
