@@ -43,7 +43,8 @@ from autotuner.engine.ports import free_port
 from autotuner.engine.process import EngineProcess
 from autotuner.engine.registry import EngineRegistry, group_members
 from autotuner.scenario import WorkloadSettings
-from autotuner.workload import StreamingClient, build_requests, http_client, prometheus, replay, summarize
+from autotuner.workload import StreamingClient, build_requests, http_client, prometheus, summarize
+from autotuner.workload.replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 WRAPPER = ROOT / "benchmarks" / "vllm_bench_wrapper.py"
