@@ -84,22 +84,22 @@ class CommandTarget(FileBacked):
         # A production child of a killed daemon would still hold the port (and the GPUs): stop it first.
         self.registry.reap_orphans()
         argv = self.spec.start
-        with append_binary(self.log_path) as log:  # 0600: production's output is run details too
+        # Not the daemon's token nor its database password (secrets.child_environment).
+        env = child_environment(os.environ, only_ours=True)
+        with append_binary(self.log_path) as log, self.registry.launching(env) as env:  # 0600: run details
             offset = log.tell()
             try:
-                # Not the daemon's token nor its database password (secrets.child_environment).
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        cwd=self.spec.cwd, start_new_session=True,
-                                        env=child_environment(os.environ, only_ours=True))
+                                        cwd=self.spec.cwd, start_new_session=True, env=env)
             except OSError as exc:
                 raise DeployError(f"start: cannot run {argv[0]!r} ({exc.strerror}); give an executable, e.g. its "
                                   "absolute path") from exc
-        child = Supervised(proc, create_time(proc.pid) or time.time(), self.log_path, offset)
-        try:
-            self.registry.add(proc.pid, argv[0], child.leader_create_time)
-        except BaseException:
-            self._end_group(child, grace_s=0.0)
-            raise
+            child = Supervised(proc, create_time(proc.pid) or time.time(), self.log_path, offset)
+            try:
+                self.registry.add(proc.pid, argv[0], child.leader_create_time)
+            except BaseException:
+                self._end_group(child, grace_s=0.0)
+                raise
         try:
             code = proc.wait(timeout=self.spec.start_grace_s)
         except subprocess.TimeoutExpired:

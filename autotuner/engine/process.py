@@ -72,20 +72,24 @@ class EngineProcess:
         # The engine writes its log straight to the file, not through a pipe to us: if the tuner dies,
         # the engine must not die of a broken pipe before the next run finds and stops it. 0600 in a 0700
         # directory: it quotes the engine's command line and whatever the engine prints.
-        with append_binary(self.log_path) as log:
+        with append_binary(self.log_path) as log, self.registry.launching(self.env) as env:
             # Own session: the whole tree (API server, engine core, TP workers) shares one process group.
             self._proc = subprocess.Popen(
-                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            try:
+                self._leader_create_time = create_time(self._proc.pid) or self._started_at
+                self._members[self._proc.pid] = self._leader_create_time
+                self.registry.add(self._proc.pid, self.argv[0], self._leader_create_time)
+            except BaseException:
+                # Not on record: nobody could ever stop it. Stop it now, then say why we could not go on.
+                self._kill_unrecorded()
+                raise
         try:
-            self._leader_create_time = create_time(self._proc.pid) or self._started_at
-            self._members[self._proc.pid] = self._leader_create_time
-            self.registry.add(self._proc.pid, self.argv[0], self._leader_create_time)
             self._pump = threading.Thread(target=self._follow_log, name="engine-log", daemon=True)
             self._pump.start()
         except BaseException:
-            # Not on record: nobody could ever stop it. Stop it now, then say why we could not go on.
             self._kill_unrecorded()
             raise
 

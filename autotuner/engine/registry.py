@@ -6,17 +6,22 @@ engine's own session whose leader is still ours (workers forked after the last r
 
 An entry is trusted only when this user wrote it: a file of ours (not a link) in a directory of ours
 that no one else can write. Anyone who could plant an entry could otherwise have our `measure` or daemon
-kill a process of their choosing; an untrusted entry or directory is skipped with a warning."""
+kill a process of their choosing; an untrusted entry or directory is skipped with a warning.
+
+Between spawning an engine and writing its entry the tuner may die too: a launch is announced first
+(`launching`), the engine's environment carries the announcement's random token, and a later run stops
+the processes that carry the token of a dead owner's announcement."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +38,8 @@ KILL_WAIT_S = 10.0
 # Our own engines' processes stay known this long after they stopped: memory they hold then is
 # being released, not a stranger's.
 RECENT_S = 120.0
+# In an engine's environment: the token of the launch announced before it was spawned.
+LAUNCH_ENV = "AUTOTUNER_ENGINE_LAUNCH"
 
 
 def autotuner_home() -> Path:
@@ -52,6 +59,16 @@ class EngineEntry:
     started_at: float
     argv0: str
     members: list[list[float]] = field(default_factory=list)  # [pid, create_time] of each process seen
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """A spawn about to happen, on disk until the engine's own entry is."""
+
+    token: str
+    owner_pid: int
+    owner_create_time: float
+    started_at: float
 
 
 def group_members(pgid: int, not_before: float | None = None) -> list[int]:
@@ -135,6 +152,20 @@ class EngineRegistry:
         self._write(entry)
         return entry
 
+    @contextlib.contextmanager
+    def launching(self, env: Mapping[str, str]) -> Iterator[dict[str, str]]:
+        """Announce a spawn: yields `env` with the launch token. Spawn and `add` inside the block; the
+        announcement goes when the block ends, so a tuner killed in between leaves it for `reap_orphans`."""
+        me = os.getpid()
+        intent = LaunchIntent(secrets.token_hex(16), me, create_time(me) or 0.0, time.time())
+        path = self.root / f"{intent.token}.launch"
+        self._write_json(path, asdict(intent))
+        try:
+            yield {**env, LAUNCH_ENV: intent.token}
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     def record_members(self, pgid: int, processes: Iterable[psutil.Process]) -> None:
         """Add the engine's processes seen now to its entry (no-op when the entry is gone)."""
         with self._lock:
@@ -151,14 +182,16 @@ class EngineRegistry:
                 self._write(EngineEntry(**{**asdict(entry), "members": entry.members + new}))
 
     def _write(self, entry: EngineEntry) -> None:
+        self._write_json(self._path(entry.pgid), asdict(entry))
+
+    def _write_json(self, path: Path, data: dict[str, object]) -> None:
         self._ensure_root()
-        path = self._path(entry.pgid)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(entry)))
+            f.write(json.dumps(data))
         os.replace(tmp, path)
 
     def _ensure_root(self) -> None:
@@ -206,6 +239,11 @@ class EngineRegistry:
 
     def remove(self, pgid: int, pids: Iterable[int] = ()) -> None:
         """Forget a stopped engine; its `pids` stay known as ours for `RECENT_S` (memory being freed)."""
+        self._remember(pids)
+        with contextlib.suppress(FileNotFoundError):
+            self._path(pgid).unlink()
+
+    def _remember(self, pids: Iterable[int]) -> None:
         now = time.monotonic()
         with self._lock:
             for pid in pids:
@@ -213,8 +251,6 @@ class EngineRegistry:
             for pid, at in list(self._recent.items()):
                 if now - at > RECENT_S:
                     del self._recent[pid]
-        with contextlib.suppress(FileNotFoundError):
-            self._path(pgid).unlink()
 
     def recently_stopped(self) -> set[int]:
         now = time.monotonic()
@@ -223,14 +259,33 @@ class EngineRegistry:
 
     def _read(self, path: Path) -> EngineEntry | None:
         """The entry at `path` when it is one we trust (see the module's docstring), else None."""
+        data = self._read_json(path)
+        try:
+            return None if data is None else EngineEntry(**data)
+        except TypeError:
+            return None
+
+    def _read_json(self, path: Path) -> dict[str, object] | None:
         if not self._trusted_root() or not self._trusted_entry(path):
             return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd) as f:
-                return EngineEntry(**json.loads(f.read()))
-        except (OSError, ValueError, TypeError):
+                data = json.loads(f.read())
+        except (OSError, ValueError):
             return None
+        return data if isinstance(data, dict) else None
+
+    def _intents(self) -> list[tuple[Path, LaunchIntent]]:
+        if not self.root.is_dir() or not self._trusted_root():
+            return []
+        found = []
+        for path in sorted(self.root.glob("*.launch")):
+            data = self._read_json(path)
+            with contextlib.suppress(TypeError):
+                if data is not None:
+                    found.append((path, LaunchIntent(**data)))  # type: ignore[arg-type]
+        return found
 
     def entries(self) -> list[EngineEntry]:
         if not self.root.is_dir() or not self._trusted_root():
@@ -249,4 +304,36 @@ class EngineRegistry:
                 stop_processes(procs, grace_s)
                 stopped.append(entry.pgid)
             self.remove(entry.pgid, [p.pid for p in procs])
+        for path, intent in self._intents():
+            if live_process(intent.owner_pid, intent.owner_create_time) is not None:
+                continue
+            # Its owner died between spawning and recording the engine: the token is all that names it.
+            procs = _carrying(intent.token, not_before=intent.started_at)
+            groups = {_pgid(p) for p in procs}
+            if procs:
+                stop_processes(procs, grace_s)
+                stopped.extend(sorted(g for g in groups if g is not None))
+            self._remember(p.pid for p in procs)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         return stopped
+
+
+def _carrying(token: str, not_before: float) -> list[psutil.Process]:
+    """Live processes started since the launch whose environment holds its token."""
+    found = []
+    for proc in psutil.process_iter(["create_time", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or \
+                proc.info["create_time"] < not_before - CREATE_TIME_TOLERANCE_S:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(LAUNCH_ENV) == token:
+                found.append(proc)
+    return found
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 import pytest
 
-from autotuner.engine.registry import EngineEntry, EngineRegistry
+from autotuner.engine.registry import LAUNCH_ENV, EngineEntry, EngineRegistry, LaunchIntent
 from autotuner.proc_identity import CREATE_TIME_TOLERANCE_S
 
 
@@ -90,3 +91,50 @@ def test_the_simulator_uses_the_same_tolerance() -> None:
 
     assert gpu_state.same_start is __import__("autotuner.proc_identity", fromlist=["same_start"]).same_start
     assert not hasattr(gpu_state, "_CREATE_TIME_TOLERANCE_S")
+
+
+def carrier(token: str) -> subprocess.Popen[bytes]:
+    """An engine spawned with a launch's token, and a worker it forked (same environment)."""
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "time.sleep(60)"
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                            env={**os.environ, LAUNCH_ENV: token})
+
+
+def test_an_engine_spawned_but_not_yet_recorded_when_its_tuner_died_is_stopped(registry: EngineRegistry) -> None:
+    """SIGKILL between spawn and entry: only the launch's announcement names the engine."""
+    owner, owner_ctime = dead_pid()
+    started = time.time()
+    engine = carrier("a" * 32)
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(engine.pid).children()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = [engine.pid] + [c.pid for c in psutil.Process(engine.pid).children()]
+        assert len(tree) == 2, "the engine never forked its worker"
+        registry._write_json(registry.root / f"{'a' * 32}.launch",
+                             asdict(LaunchIntent("a" * 32, owner, owner_ctime, started - 1)))
+        assert registry.reap_orphans(grace_s=1) == [engine.pid]
+        assert engine.wait(timeout=5) is not None
+        assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not list(registry.root.glob("*.launch")), "the announcement outlived the reaping"
+        assert set(tree) <= registry.recently_stopped(), "their memory is ours while it is freed"
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, 9)
+
+
+def test_a_live_tuners_launch_in_progress_is_left_alone(registry: EngineRegistry) -> None:
+    engine = None
+    try:
+        with registry.launching({**os.environ}) as env:
+            assert list(registry.root.glob("*.launch")), "announced before the spawn"
+            engine = carrier(env[LAUNCH_ENV])
+            time.sleep(0.2)
+            assert registry.reap_orphans(grace_s=1) == []
+            assert engine.poll() is None
+        assert not list(registry.root.glob("*.launch")), "the announcement goes once the block ends"
+    finally:
+        if engine is not None:
+            os.killpg(engine.pid, 9)
+            engine.wait()
