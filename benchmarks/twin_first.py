@@ -68,8 +68,8 @@ from autotuner.catalog.gpus import GPU_PRESETS
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import OOM_OUTCOMES
-from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
-from autotuner.trust.commands import after_tune
+from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
+from autotuner.trust.commands import ConfirmPlan, after_tune
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
 
@@ -199,9 +199,10 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
     converged = len(launched) if summary.ended == "twin-converged" else None
     confirmed, soaked = asyncio.run(after_tune(
         scenario, store, tuner.study_name, tuner.runner,
-        lambda sc: VirtualRunner(sc, first_run=10_000 * seed + 9_000), DEFAULT_TOP, DEFAULT_REPEATS, 600.0))
+        lambda sc: VirtualRunner(sc, first_run=10_000 * seed + 9_000),
+        ConfirmPlan(DEFAULT_TOP, DEFAULT_REPEATS, DEFAULT_REPLAYS), 600.0))
     soaks = len(soaked.verdicts) if soaked is not None else 0
-    raced = confirmed.runs if confirmed is not None else 0
+    raced = confirmed.lifetimes if confirmed is not None else 0
     unraced = len(confirmed.candidates + confirmed.references) * DEFAULT_REPEATS if confirmed is not None else 0
     return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks)
 

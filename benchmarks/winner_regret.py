@@ -43,7 +43,8 @@ from sample_efficiency import CASES  # noqa: E402
 from autotuner.analysis.selection import select  # noqa: E402
 from autotuner.scenario import Scenario  # noqa: E402
 from autotuner.store.db import Store  # noqa: E402
-from autotuner.trust.commands import after_tune, runner_factory  # noqa: E402
+from autotuner.trials.scoring import DEFAULT_REPLAYS  # noqa: E402
+from autotuner.trust.commands import ConfirmPlan, after_tune, runner_factory  # noqa: E402
 from autotuner.tuner.runners import VirtualRunner  # noqa: E402
 from autotuner.tuner.study import Tuner  # noqa: E402
 
@@ -79,7 +80,7 @@ def one(case: str, seed: int, trials: int, noise: float) -> dict[str, Any]:
         summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed).run())
         naive = select(storage, None, [], POLICY).chosen
         _, soaked = asyncio.run(after_tune(sc, store, summary.study_name, runner, runner_factory(Path(tmp), 100_000),
-                                           3, 3, 600.0))
+                                           ConfirmPlan(3, 3, DEFAULT_REPLAYS), 600.0))
         picked = select(storage, None, [], POLICY)
         refused = bool(picked.missing)
         # The best configuration the study saw: SLO-feasible without noise, highest throughput.

@@ -1,12 +1,14 @@
 """What the trust trials say, read back from the study's `at_trials` rows (pure functions): per
-original trial, its confirmation runs summarised (mean and 95 % CI per metric, worst memory peak,
-failed runs) and its soak verdicts. `export` selects and certifies from these."""
+original trial, its confirmation runs summarised (mean and 95 % CI per metric over its engine
+lifetimes, each the mean of its replays; worst memory peak; failed runs) and its soak verdicts. `export`
+selects and certifies from these."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotuner.analysis.lifetimes import lifetime_means, lifetime_of
 from autotuner.stats import Interval, interval
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
@@ -23,6 +25,7 @@ def higher_is_better(metric: str) -> bool:
 class Confirmation:
     original: int
     runs: list[int] = field(default_factory=list)
+    lifetimes: int = 0  # engine starts among the runs (a lifetime may replay the workload several times)
     bad_runs: list[str] = field(default_factory=list)  # "trial N: outcome — reason" of runs not ok
     intervals: dict[str, Interval] = field(default_factory=dict)
     worst_peak_fraction: float | None = None  # over the original and every confirmation run
@@ -43,7 +46,7 @@ class Confirmation:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"original": self.original, "runs": self.runs, "bad_runs": self.bad_runs,
+        return {"original": self.original, "runs": self.runs, "lifetimes": self.lifetimes, "bad_runs": self.bad_runs,
                 "intervals": {k: vars(v) for k, v in self.intervals.items()},
                 "worst_peak_fraction": self.worst_peak_fraction, "peak_bound": self.peak_bound,
                 "failed_requests": self.failed_requests,
@@ -82,11 +85,18 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
         c.bad_runs = [f"trial {r.trial_number}: {r.outcome}" + (f" — {r.reason}" if r.reason else "")
                       for r in rows if r not in ok]
         for metric in SUMMARISED:
-            values = [float(v) for r in ok if isinstance(v := r.metrics.get(metric), int | float)]
-            iv = interval(values)
+            iv = interval(lifetime_means(ok, metric))
             if iv is not None:
                 c.intervals[metric] = iv
-        peaks = [r.memory.get("peak_fraction") for r in rows]
+        c.lifetimes = len({lifetime_of(r) for r in rows})
+        # One peak per lifetime: its replays all carry the lifetime's, and copies are no evidence.
+        by_lifetime: dict[tuple[int, int | str], float] = {}
+        for r in rows:
+            peak = r.memory.get("peak_fraction")
+            if isinstance(peak, int | float):
+                key = lifetime_of(r)
+                by_lifetime[key] = max(float(peak), by_lifetime.get(key, 0.0))
+        peaks: list[object] = list(by_lifetime.values())
         if original in by_number:
             peaks.append(by_number[original].memory.get("peak_fraction"))
         seen = [float(p) for p in peaks if isinstance(p, int | float)]

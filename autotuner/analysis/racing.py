@@ -11,7 +11,8 @@ The test, in log space (run-to-run spread is a share of the figure, ~3 %): the l
 confirmation runs only (its search run was picked for being lucky), the other's over its search run and
 its confirmation runs (that search run favours it: the test can only be slower to drop it); their
 difference against Student's t at 95 % of the spread pooled over every configuration raced, which needs
-at least two degrees of freedom.
+at least two degrees of freedom. A lifetime that replayed the workload counts once, at the mean of its
+replays (analysis/lifetimes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from autotuner.analysis.lifetimes import lifetime_means
 from autotuner.stats import pooled_sd, t975
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
@@ -33,20 +35,19 @@ def _log(value: object) -> float | None:
 
 def _samples(trials: Iterable[TrialRecord], raced: set[int], metric: str) -> tuple[dict[int, list[float]],
                                                                                     dict[int, list[float]]]:
-    """Per original: its confirmation runs' values, and its search run's value (logs; ok runs only)."""
-    runs: dict[int, list[float]] = {n: [] for n in raced}
+    """Per original: its confirmation lifetimes' values (each the mean of its replays), and its search
+    run's value (logs; ok runs only)."""
+    confirm_rows: dict[int, list[TrialRecord]] = {n: [] for n in raced}
     first: dict[int, list[float]] = {n: [] for n in raced}
     for t in trials:
-        if t.outcome != Outcome.OK or t.state != "COMPLETE":
-            continue
-        v = _log(t.metrics.get(metric))
-        if v is None:
-            continue
         confirms = t.result.get("confirms")
         if t.kind == "confirm" and confirms in raced:
-            runs[int(confirms)].append(v)
-        elif t.trial_number in raced:
-            first[t.trial_number].append(v)
+            confirm_rows[int(confirms)].append(t)
+        elif t.trial_number in raced and t.outcome == Outcome.OK and t.state == "COMPLETE":
+            v = _log(t.metrics.get(metric))
+            if v is not None:
+                first[t.trial_number].append(v)
+    runs = {n: lifetime_means(rows, metric, _log) for n, rows in confirm_rows.items()}
     return runs, first
 
 

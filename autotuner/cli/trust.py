@@ -15,7 +15,9 @@ from autotuner.errors import UserInputError
 def confirm(
     study: str | None = typer.Option(None, "--study", help="study name (default: the only/newest one)"),
     top: int = typer.Option(3, "--top", help="candidates: the SLO-feasible Pareto front and its neighbours"),
-    repeats: int = typer.Option(3, "--repeats", help="runs of each candidate, interleaved A B C A B C"),
+    repeats: int = typer.Option(3, "--repeats", help="engine starts of each candidate, interleaved A B C A B C"),
+    replays: int = typer.Option(2, "--replays", help="workload replays per engine start, kept after the first "
+                                "round only where the spread is within a start as much as between starts"),
     storage: str = typer.Option(DEFAULT_STORAGE, "--storage", help="SQLite path or SQLAlchemy URL"),
     log_dir: Path | None = typer.Option(None, help="engine logs (default: $AUTOTUNER_HOME/logs)"),
 ) -> None:
@@ -24,7 +26,7 @@ def confirm(
 
     configure_logging()
     with command_errors():
-        raise typer.Exit(run_confirm(storage, study, top, repeats, log_dir))
+        raise typer.Exit(run_confirm(storage, study, top, repeats, log_dir, replays))
 
 
 def soak(

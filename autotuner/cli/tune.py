@@ -45,8 +45,9 @@ def tune(
                                           "(e.g. the study of the model you just replaced)"),
     log_format: str = typer.Option("auto", "--log-format", help=LOG_FORMAT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print the summary only (the log file has the rest)"),
-    confirm_plan: str = typer.Option("3x3", "--confirm", help="then re-measure the top K R times each (K×R); "
-                                     "0 skips confirmation and soak"),
+    confirm_plan: str = typer.Option("3x3", "--confirm", help="then re-measure the top K on R engine starts "
+                                     "each (K×R), replaying the workload up to W times per start (K×R×W, W default "
+                                     "2); 0 skips confirmation and soak"),
     soak_for: str = typer.Option("10m", "--soak", help="then soak the confirmed best under the worst workload "
                                  "this long (engine time; 0 skips)"),
     gpu_groups: str = typer.Option("auto", "--gpu-groups", help="trials side by side on disjoint GPU groups when "
@@ -108,7 +109,7 @@ def tune(
     print_summary(summary, store.url, [o.metric for o in sc.objectives])
     if not summary.interrupted and summary.stopped_reason is None:
         with command_errors():
-            run_after_tune(sc, store, summary.study_name, runner, logs, *trust_plan, soak_s)
+            run_after_tune(sc, store, summary.study_name, runner, logs, trust_plan, soak_s)
     raise typer.Exit(summary.exit_code)
 
 

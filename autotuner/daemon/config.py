@@ -164,8 +164,7 @@ class TuneSettings(_Model):
     def _confirm(cls, v: str) -> str:
         from autotuner.trust.commands import parse_confirm
 
-        top, _ = parse_confirm(v)
-        if top == 0:
+        if parse_confirm(v).top == 0:
             raise ValueError("confirm 0 would deploy an unconfirmed winner; the daemon confirms before any "
                              "rollout: use e.g. 3x3")
         return v

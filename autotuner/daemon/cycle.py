@@ -325,7 +325,7 @@ class CycleDriver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), timeout=0.5)
 
-    def _soak_time(self, cycle: Cycle, top: int, repeats: int) -> float | None:
+    def _soak_time(self, cycle: Cycle, top: int, repeats: int, replays: int = 1) -> float | None:
         """The soak, shortened to fit what is left of max_downtime after confirmation and a restart (the
         engine runs are estimated from the search's own pace); None when even a short soak does not fit."""
         soak = self.config.tune.soak_s
@@ -335,7 +335,8 @@ class CycleDriver:
         started = (cycle.scenario or {}).get("tune_started_at") or cycle.down_since or time.time()
         per_run = (time.time() - started) / max(1, cycle.trials or 1)
         restart = min(self.base.engine.startup_timeout_s, per_run)
-        room = left - top * repeats * per_run - restart
+        # The first round's replays each as long as a whole run at most (no restart, the same workload).
+        room = left - top * (repeats + replays - 1) * per_run - restart
         if room >= soak:
             return soak
         if room < soak * MIN_SOAK_SHARE:
@@ -352,8 +353,8 @@ class CycleDriver:
             return self._adopt(cycle)
         assert cycle.study_name is not None
         scenario = self.scenario_of(cycle)
-        top, repeats = parse_confirm(self.config.tune.confirm)
-        soak_s = self._soak_time(cycle, top, repeats)
+        plan = parse_confirm(self.config.tune.confirm)
+        soak_s = self._soak_time(cycle, *plan)
         if soak_s is None:
             return self._fail(cycle, f"max_downtime {self.config.max_downtime} leaves no time to confirm and soak: "
                               "production goes back on its previous config (raise max_downtime, or lower "
@@ -364,7 +365,7 @@ class CycleDriver:
         runner = runner_for(scenario, self.log_dir, first_run=FRESH_RUNS)
         try:
             await after_tune(scenario, self.store, cycle.study_name, runner, runner_factory(self.log_dir, FRESH_RUNS),
-                             top, repeats, soak_s)
+                             plan, soak_s)
             selection = select(self.store.url, cycle.study_name, [], self.config.tune.policy)
         except Exception as exc:
             log.exception("daemon.confirm_failed", cycle=cycle.id)

@@ -69,7 +69,9 @@ class Verification:
                 ("output_tokens_per_s", "output", "tok/s"), ("ttft_p95_s", "TTFT p95", "s"),
                 ("itl_p99_s", "ITL p99", "s")) if iv.get(metric)]
             peak = c.get("worst_peak_fraction")
-            out.append(f"confirmed: {len(c['runs'])} re-measurements (trials {', '.join(map(str, c['runs']))}): "
+            starts = c.get("lifetimes") or len(c["runs"])
+            out.append(f"confirmed: {len(c['runs'])} re-measurements on {starts} engine starts, intervals over the "
+                       f"starts (trials {', '.join(map(str, c['runs']))}): "
                        + "; ".join(parts) + f"; worst memory peak {percent(peak)}")
         if self.single_shot_best is not None:
             out.append(f"the single-shot best, trial {self.single_shot_best}, did not hold up when re-measured")
@@ -190,7 +192,8 @@ def build_certificate(selection: Selection, target: list[str], allow_unverified:
     )
     c = selection.confirmation
     certificate.basis = f"{time_basis(study)}; " + (
-        f"mean of {max(iv.n for iv in c.intervals.values())} re-measurements, worst memory peak of all runs"
+        f"mean of {max(iv.n for iv in c.intervals.values())} re-measurements (engine starts; a start's figure is "
+        "the mean of its replays), worst memory peak of all runs"
         if c is not None and c.intervals else "one run, not re-measured")
     if c is not None:  # the claim is the re-measured mean, not the lucky shot
         for metric, iv in c.intervals.items():

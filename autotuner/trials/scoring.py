@@ -26,6 +26,8 @@ WORST_LATENCY_S = 600.0
 # How many candidates confirmation re-measures, and how often each (`tune --confirm KxR`); the study's early
 # stopping lets that many finish (tuner/pruning.py).
 DEFAULT_TOP, DEFAULT_REPEATS = 3, 3
+# Replays of the workload on each confirmation lifetime's engine (while the spread lives there).
+DEFAULT_REPLAYS = 2
 
 
 def threshold_of(scenario: Scenario) -> Threshold:

@@ -8,7 +8,7 @@ import re
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import typer
 
@@ -16,7 +16,7 @@ from autotuner.analysis.study_data import load_study, open_store
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_TOP, ConfirmReport, confirm
+from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP, ConfirmReport, confirm
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
 from autotuner.tuner.runners import TrialRunner, runner_for
@@ -27,15 +27,23 @@ T = TypeVar("T")
 FRESH_RUNS = 100_000
 
 
-def parse_confirm(text: str) -> tuple[int, int]:
-    """`3x3` / `3×3` (top K × repeats R); `0` skips confirmation (and so the soak)."""
+class ConfirmPlan(NamedTuple):
+    top: int  # K candidates
+    repeats: int  # R engine lifetimes each
+    replays: int  # up to W replays of the workload per lifetime (while the spread lives there)
+
+
+def parse_confirm(text: str) -> ConfirmPlan:
+    """`3x3` / `3×3` (top K × repeats R), `3x3x2` (× replays W per lifetime, default 2); `0` skips
+    confirmation (and so the soak)."""
     if text.strip() == "0":
-        return 0, 0
-    m = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\d+)\s*", text)
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 2:
-        raise UserInputError(f"--confirm {text!r}: expected K×R such as 3x3 (K ≥ 1 candidates, R ≥ 2 repeats), "
+        return ConfirmPlan(0, 0, 0)
+    m = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\d+)\s*(?:[x×*]\s*(\d+)\s*)?", text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 2 or (m.group(3) is not None and int(m.group(3)) < 1):
+        raise UserInputError(f"--confirm {text!r}: expected K×R such as 3x3 (K ≥ 1 candidates, R ≥ 2 repeats, each "
+                             "an engine start) or K×R×W such as 3x3x2 (W ≥ 1 replays of the workload per start), "
                              "or 0 to skip")
-    return int(m.group(1)), int(m.group(2))
+    return ConfirmPlan(int(m.group(1)), int(m.group(2)), int(m.group(3) or DEFAULT_REPLAYS))
 
 
 def runner_factory(log_dir: Path, first_run: int = 0) -> Callable[[Scenario], TrialRunner]:
@@ -70,8 +78,12 @@ def print_confirm(report: ConfirmReport) -> None:
         return
     refs = (", and for comparison " + ", ".join(f"trial {n} ({report.labels.get(n, 'reference')})"
                                                 for n in report.references) if report.references else "")
-    typer.echo(f"study {report.study}: {report.runs} confirmation runs of trials "
+    typer.echo(f"study {report.study}: {report.runs} confirmation runs on {report.lifetimes} engine starts of trials "
                f"{', '.join(map(str, report.candidates))}{refs} (interleaved)")
+    if report.split:
+        shares = ", ".join(f"{m} {share:.0%}" for m, share in report.split.items())
+        typer.echo(f"  within one engine start: {shares} of the run-to-run spread; replays per start by round: "
+                   f"{' '.join(map(str, report.replays))}")
     for number in report.candidates + report.references:
         c = report.summaries.get(number)
         if c is None:
@@ -111,11 +123,13 @@ def print_soak(report: SoakReport) -> None:
                    "memory threshold")
 
 
-def run_confirm(storage: str, study: str | None, top: int, repeats: int, log_dir: Path | None) -> int:
-    if top < 1 or repeats < 2:
-        raise UserInputError("--top must be ≥ 1 and --repeats ≥ 2 (one repeat gives no interval)")
+def run_confirm(storage: str, study: str | None, top: int, repeats: int, log_dir: Path | None,
+                replays: int = DEFAULT_REPLAYS) -> int:
+    if top < 1 or repeats < 2 or replays < 1:
+        raise UserInputError("--top must be ≥ 1, --repeats ≥ 2 (one engine start gives no interval) and --replays "
+                             "≥ 1")
     ctx = context(storage, study, log_dir)
-    print_confirm(_run(confirm(ctx, top, repeats)))
+    print_confirm(_run(confirm(ctx, top, repeats, replays=replays)))
     return 0
 
 
@@ -128,25 +142,25 @@ def run_soak(storage: str, study: str | None, duration_s: float, flags: dict[str
 
 
 async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: TrialRunner,
-                     runner_for: Callable[[Scenario], TrialRunner], top: int, repeats: int, duration_s: float,
+                     runner_for: Callable[[Scenario], TrialRunner], plan: ConfirmPlan, duration_s: float,
                      on_event: Any = None) -> tuple[ConfirmReport | None, SoakReport | None]:
     """The trust phase of `tune`: confirm the top K R times, then soak the confirmed best."""
-    if top == 0:
+    if plan.top == 0:
         return None, None
     ctx = TrustContext(store, study_name, runner, scenario, runner_for, on_event or (lambda _k, _d: None))
-    confirmed = await confirm(ctx, top, repeats)
+    confirmed = await confirm(ctx, plan.top, plan.repeats, replays=plan.replays)
     if confirmed.confirmed_best is None or duration_s <= 0:
         return confirmed, None
     return confirmed, await soak(ctx, duration_s)
 
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP", "after_tune", "parse_confirm", "run_confirm", "run_soak"]
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP", "ConfirmPlan", "after_tune", "parse_confirm", "run_confirm", "run_soak"]
 
 
 def run_after_tune(scenario: Scenario, store: Store, study_name: str, runner: TrialRunner, log_dir: Path,
-                   top: int, repeats: int, duration_s: float) -> int:
+                   plan: ConfirmPlan, duration_s: float) -> int:
     make = runner_factory(log_dir, FRESH_RUNS)
-    confirmed, soaked = _run(after_tune(scenario, store, study_name, runner, make, top, repeats, duration_s))
+    confirmed, soaked = _run(after_tune(scenario, store, study_name, runner, make, plan, duration_s))
     if confirmed is not None:
         print_confirm(confirmed)
     if soaked is not None:

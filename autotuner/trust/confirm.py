@@ -7,6 +7,11 @@ comparison a reader sees stands on intervals on both sides, never on a single lu
 kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
 `analysis.confirmed` ranks by their bounds. After each round, what another configuration already beats
 beyond the noise is measured no more (analysis/racing.py): the confirmed best still gets every repeat.
+
+Each repeat is an engine lifetime (a restart). In the first round each lifetime replays the workload up
+to `replays` times; later rounds replay only where that round showed the spread to be within a lifetime
+at least as much as between lifetimes (analysis/lifetimes.py), else they restart for every repeat.
+Intervals and racing stand on lifetimes, a lifetime's figure being the mean of its replays.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
 from autotuner.analysis.evidence import Confirmation, confirmations, soaks
+from autotuner.analysis.lifetimes import replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
 from autotuner.store.db import TrialRecord
-from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_TOP
+from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
 from autotuner.trust import offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
@@ -43,6 +49,9 @@ class ConfirmReport:
     single_shot_best: int | None = None
     confirmed_best: int | None = None
     dropped: dict[int, str] = field(default_factory=dict)  # measured no more after a round, and why
+    lifetimes: int = 0  # engine starts (runs counts replays)
+    replays: list[int] = field(default_factory=list)  # replays asked of each lifetime, per round
+    split: dict[str, float] = field(default_factory=dict)  # objective → within-lifetime share of the spread
 
     @property
     def changed(self) -> bool:
@@ -81,6 +90,55 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
     return out[:top]
 
 
+async def _lifetime(ctx: TrustContext, report: ConfirmReport, t: TrialRecord, rep: int, replays: int,
+                    budget: int) -> None:
+    """One engine lifetime of `t`'s configuration, its replays each recorded as a confirm run."""
+    data = ctx.data()
+    study = ctx.study()
+    params = ctx.space.clamp(t.flags)
+    flags = ctx.space.to_flags(params)
+    ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1, "budget": budget, "flags": flags,
+                           "kind": "confirm"})
+    started = time.time()
+    results = await ctx.runner.run_lifetime(flags, replays)
+    report.lifetimes += 1
+    for k, result in enumerate(results):
+        extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
+        check = offload.check(result, data.trials)
+        if check is not None:
+            extra["offload"] = check
+        number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
+                        params=params, result=result, started=started, extra=extra)
+        started = time.time()
+        report.runs += 1
+        log.info("confirm.run", study=ctx.study_name, number=number, confirms=t.trial_number, repeat=rep + 1,
+                 replay=k + 1, outcome=result.outcome, **{m: result.metrics.get(m) for m, _ in data.objectives},
+                 peak_fraction=result.memory.get("peak_fraction"), offload=check and check.get("verified"))
+        ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
+                                  "reason": result.reason, "flags": result.flags,
+                                  "feasible": result.outcome == "ok",
+                                  "values": [result.metrics.get(m) for m, _ in data.objectives]})
+
+
+def _replays_after_first_round(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
+                               replays: int) -> int:
+    """Keep replaying within lifetimes only where the first round showed the spread to live there."""
+    trials = ctx.data().trials
+    originals = {t.trial_number for t in measured}
+    runs = [t for t in trials if t.kind == "confirm" and t.result.get("confirms") in originals]
+    search = {t.trial_number: t for t in measured}
+    metrics = [m for m, _ in ctx.data().objectives]
+    for m in metrics:
+        s = split(runs, search, m)
+        if s is not None:
+            report.split[m] = round(s.within_share, 3)
+    keep = replays_pay(runs, search, metrics)
+    log.info("confirm.replays", study=ctx.study_name, within_share=report.split, replays=replays if keep else 1,
+             why="the spread is within a lifetime as much as between" if keep else
+             "the spread is mostly between lifetimes (or not estimated): every repeat a restart")
+    return replays if keep else 1
+
+
 def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list[TrialRecord]:
     """The user's current config and vLLM's defaults, when they ran to the end and are not already
     among the candidates (by configuration): the other side of every comparison."""
@@ -95,7 +153,7 @@ def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list
 
 
 async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFAULT_REPEATS,
-                  policy: str = "knee") -> ConfirmReport:
+                  policy: str = "knee", replays: int = DEFAULT_REPLAYS) -> ConfirmReport:
     data = ctx.data()
     analysis = analyse(data, combine(data.scenario.slos, []))
     candidates = pick(analysis, top)
@@ -107,12 +165,12 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     report.references = [t.trial_number for t in refs]
     report.labels = {t.trial_number: reference_label(t) for t in refs}
     measured = candidates + refs
-    study = ctx.study()
     naive = choose(policy, analysis)
     report.single_shot_best = naive.trial_number if naive is not None else None
     log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
-             repeats=repeats)
+             repeats=repeats, replays=replays)
     raced = list(measured)
+    per_lifetime = max(1, replays)
     for rep in range(repeats):
         if rep:
             out = beaten(ctx.data().trials, [t.trial_number for t in raced], set(report.references),
@@ -121,27 +179,11 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                 report.dropped[number] = why
                 log.info("confirm.dropped", study=ctx.study_name, trial=number, after_rounds=rep, why=why)
             raced = [t for t in raced if t.trial_number not in out]
+        if rep == 1 and per_lifetime > 1:
+            per_lifetime = _replays_after_first_round(ctx, report, measured, per_lifetime)
+        report.replays.append(per_lifetime)
         for t in raced:  # interleaved: A B C A B C …
-            params = ctx.space.clamp(t.flags)
-            ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1,
-                                   "budget": repeats * len(measured), "flags": ctx.space.to_flags(params),
-                                   "kind": "confirm"})
-            started = time.time()
-            result = await ctx.runner.run(ctx.space.to_flags(params))
-            extra = {}
-            check = offload.check(result, data.trials)
-            if check is not None:
-                extra["offload"] = check
-            number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
-                            params=params, result=result, started=started, extra=extra)
-            report.runs += 1
-            log.info("confirm.run", study=ctx.study_name, number=number, confirms=t.trial_number, repeat=rep + 1,
-                     outcome=result.outcome, **{m: result.metrics.get(m) for m, _ in data.objectives},
-                     peak_fraction=result.memory.get("peak_fraction"), offload=check and check.get("verified"))
-            ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
-                                      "reason": result.reason, "flags": result.flags,
-                                      "feasible": result.outcome == "ok",
-                                      "values": [result.metrics.get(m) for m, _ in data.objectives]})
+            await _lifetime(ctx, report, t, rep, per_lifetime, repeats * len(measured))
     data = ctx.data()
     report.summaries = {n: c for n, c in confirmations(data.trials).items()
                         if n in report.candidates or n in report.references}

@@ -2,9 +2,11 @@
 
 start → wait ready (fail fast) → warm up → replay the workload while sampling memory (stop the engine
 within one sample period if the OOM threshold trips) and polling /metrics → stop the whole process
-group → wait until memory is back near where it was. Every candidate failure is an outcome of the
-result; only bad input (scenario, busy GPUs we must not touch) raises. The GPU checks around the
-lifetime are gpu_guard.py's, the measured phase replay_phase.py's.
+group → wait until memory is back near where it was. `measure_lifetime` replays the workload several
+times on the one engine (confirmation's repeats within a lifetime): each replay is a result of its own,
+all of them carry the lifetime's memory peak, and a lifetime that ends in a failure fails each of them.
+Every candidate failure is an outcome of the result; only bad input (scenario, busy GPUs we must not
+touch) raises. The GPU checks around the lifetime are gpu_guard.py's, the measured phase replay_phase.py's.
 """
 
 from __future__ import annotations
@@ -76,6 +78,25 @@ async def measure(
     """Measure `candidate` (flags on top of the scenario's fixed ones). Raises UserInputError for bad
     input and GpusBusyError when the GPUs are not free; every other failure is in the result.
     `monitor` replaces the scenario's (it is closed here too); `pruner` stops a hopeless replay early."""
+    results = await measure_lifetime(scenario, candidate, log_dir=log_dir, registry=registry, on_phase=on_phase,
+                                     port=port, monitor=monitor, pruner=pruner)
+    return results[0]
+
+
+async def measure_lifetime(
+    scenario: Scenario,
+    candidate: Mapping[str, FlagValue],
+    *,
+    runs: int = 1,
+    log_dir: Path,
+    registry: EngineRegistry | None = None,
+    on_phase: Phase | None = None,
+    port: int | None = None,
+    monitor: MemoryMonitor | None = None,
+    pruner: Pruner | None = None,
+) -> list[TrialResult]:
+    """`measure`, replaying the workload up to `runs` times on one engine: one result per replay that
+    ran (fewer when a replay did not end ok: the engine is not asked for more)."""
     phase = on_phase or (lambda _p: None)
     registry = registry or EngineRegistry()
     backend = backend_for(scenario)
@@ -94,7 +115,7 @@ async def measure(
             log.warning("engine.orphans_stopped", process_groups=reaped)
         if locks is not None:
             foreign = await foreign_within_allowance(scenario, monitor, registry, bool(reaped))
-        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign, pruner)
+        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign, pruner, runs)
     finally:
         monitor.close()
         if locks is not None:
@@ -117,7 +138,7 @@ class _Abort:
 
 async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, holder: _Engine,
                registry: EngineRegistry, log_dir: Path, phase: Phase, foreign: list[ForeignMemory],
-               pruner: Pruner | None) -> TrialResult:
+               pruner: Pruner | None, runs: int = 1) -> list[TrialResult]:
     t_begin = time.monotonic()
     private_dir(log_dir)  # engine logs hold what the engine printed: the run's details
     log_path = log_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{plan.port}.log"
@@ -126,6 +147,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
     warning = unlisted_warning(foreign)
     if warning:
         result.warnings.append(warning)
+    replays = [result]
 
     loop = asyncio.get_running_loop()
     tripped = asyncio.Event()
@@ -142,7 +164,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
     try:
         baseline = monitor.sample()
     except MonitorError as exc:
-        return _monitor_failed(result, f"memory could not be read before launch: {exc}", t_begin)
+        return [_monitor_failed(result, f"memory could not be read before launch: {exc}", t_begin)]
     summary: MemorySummary | None = None
     monitor_error: str | None = None
     watcher: asyncio.Future[None] | None = None
@@ -164,6 +186,13 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
         else:
             engine.record_members()
             await serve_and_replay(scenario, plan, engine, result, tripped, abort.event, phase, pruner)
+            while len(replays) < runs and replays[-1].outcome == Outcome.OK and not tripped.is_set() \
+                    and not abort.event.is_set() and engine.returncode is None:
+                again = _next_replay(result)
+                replays.append(again)
+                t_replay = time.monotonic()
+                await serve_and_replay(scenario, plan, engine, again, tripped, abort.event, phase, pruner)
+                again.duration_s = time.monotonic() - t_replay
     except MonitorError as exc:
         monitor_error = str(exc)
     finally:
@@ -176,34 +205,49 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
             except MonitorError as exc:
                 monitor_error = str(exc)
         holder.process = None
-    _finish(result, engine, summary, tripped.is_set())
-    _foreign_record(result, foreign, summary)
     grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
     if grown is not None:
         abort.set(Outcome.INTERFERENCE, grown)
-    if abort.outcome is not None and abort.reason is not None:
-        result.outcome, result.reason, result.infrastructure = abort.outcome, abort.reason, True
-        result.metrics = {}
-    elif (monitor_error is not None or summary is None) and \
-            result.outcome in (Outcome.OK, Outcome.CRASH, Outcome.TIMEOUT):
-        _monitor_failed(result, f"no memory evidence: {monitor_error or 'the sampler did not run'}")
+    release_error: str | None = None
     try:
         released = await asyncio.to_thread(wait_for_release, monitor, baseline, RELEASE_TOLERANCE_BYTES,
                                            scenario.engine.release_timeout_s)
     except MonitorError as exc:
-        released = True  # nothing to wait on; said below
-        result.warnings.append(f"GPU memory release could not be checked: {exc}")
-        if result.outcome == Outcome.OK:  # a feasible claim needs the whole run watched
-            _monitor_failed(result, f"memory could not be read after the trial: {exc}")
-    if not released:
-        result.warnings.append(f"GPU memory not back to its pre-launch level within "
-                               f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
-    result.duration_s = time.monotonic() - t_begin
-    log.info("trial.measured", outcome=result.outcome, reason=result.reason, flags=result.flags,
-             output_tokens_per_s=result.metric("output_tokens_per_s"),
-             ttft_p95_s=result.metric("ttft_p95_s"), peak_fraction=result.peak_fraction,
-             foreign_mib=[round(f.bytes / MIB) for f in foreign])
-    return result
+        released, release_error = True, str(exc)  # nothing to wait on; said below
+    # What ended the lifetime ends each of its replays: the peak is the lifetime's, and a replay that
+    # finished ok before the engine failed was measured on an engine that then failed.
+    for replay in replays:
+        _finish(replay, engine, summary, tripped.is_set())
+        _foreign_record(replay, foreign, summary)
+        if abort.outcome is not None and abort.reason is not None:
+            replay.outcome, replay.reason, replay.infrastructure = abort.outcome, abort.reason, True
+            replay.metrics = {}
+        elif (monitor_error is not None or summary is None) and \
+                replay.outcome in (Outcome.OK, Outcome.CRASH, Outcome.TIMEOUT):
+            _monitor_failed(replay, f"no memory evidence: {monitor_error or 'the sampler did not run'}")
+        if release_error is not None:
+            replay.warnings.append(f"GPU memory release could not be checked: {release_error}")
+            if replay.outcome == Outcome.OK:  # a feasible claim needs the whole run watched
+                _monitor_failed(replay, f"memory could not be read after the trial: {release_error}")
+        if not released:
+            replay.warnings.append(f"GPU memory not back to its pre-launch level within "
+                                   f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
+    # The first replay carries the lifetime's start and stop; each later one its own replay's time.
+    result.duration_s = time.monotonic() - t_begin - sum(r.duration_s for r in replays[1:])
+    for replay in replays:
+        log.info("trial.measured", outcome=replay.outcome, reason=replay.reason, flags=replay.flags,
+                 output_tokens_per_s=replay.metric("output_tokens_per_s"),
+                 ttft_p95_s=replay.metric("ttft_p95_s"), peak_fraction=replay.peak_fraction,
+                 foreign_mib=[round(f.bytes / MIB) for f in foreign], replay=replays.index(replay) + 1)
+    return replays
+
+
+def _next_replay(first: TrialResult) -> TrialResult:
+    """Another replay on the running engine: the lifetime's launch and startup, its own measurements."""
+    again = TrialResult(Outcome.OK, None, dict(first.flags), list(first.argv), dict(first.env),
+                        startup_s=first.startup_s, warnings=list(first.warnings))
+    again.engine["log_path"] = first.engine.get("log_path")
+    return again
 
 
 def _monitor_failed(result: TrialResult, reason: str, t_begin: float | None = None) -> TrialResult:

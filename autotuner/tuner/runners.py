@@ -9,6 +9,7 @@ Which one a scenario gets, and what its study key says, is its backend's answer 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -30,7 +31,7 @@ from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import Phase, TrialResult
 from autotuner.trials.scoring import threshold_of
 from autotuner.tuner import pruning
-from autotuner.tuner.lifecycle import measure
+from autotuner.tuner.lifecycle import measure, measure_lifetime
 from autotuner.vllm import FlagValue, flag_argv
 from autotuner.workload.spec import LengthDist, replay_first
 
@@ -44,6 +45,12 @@ class TrialRunner(ABC):
         """`gpus`: the trial's own GPU group (NVML indices) when trials run side by side; None: the
         scenario's GPUs. `pruner`: asked during the workload whether the trial is hopeless (None:
         never stopped early)."""
+
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
+                           on_phase: Phase | None = None) -> list[TrialResult]:
+        """Up to `runs` replays of the workload on one engine lifetime (fewer once one does not end ok).
+        A runner that cannot replay within a lifetime runs once."""
+        return [await self.run(flags, on_phase)]
 
     @abstractmethod
     def study_key(self) -> StudyKey:
@@ -82,6 +89,11 @@ class MeasureRunner(TrialRunner):
         scenario = self.scenario if gpus is None else on_gpus(self.scenario, gpus)
         return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase,
                              pruner=pruner)
+
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
+                           on_phase: Phase | None = None) -> list[TrialResult]:
+        return await measure_lifetime(self.scenario, flags, runs=runs, log_dir=self.log_dir, registry=self.registry,
+                                      on_phase=on_phase)
 
     def study_key(self) -> StudyKey:
         return backend_study_key(backend_for(self.scenario), self.scenario)
@@ -141,6 +153,13 @@ class VirtualRunner(TrialRunner):
         # In a worker thread: a long evaluation must not hold the event loop of the process running it
         # (the daemon's /status, the live view, other trials' heartbeats).
         return await asyncio.to_thread(self.evaluate, flags, pruner)
+
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
+                           on_phase: Phase | None = None) -> list[TrialResult]:
+        # The simulated engine's noise is drawn once per lifetime (sim/noise.py): replays within one
+        # lifetime measure alike, which is what confirmation must be able to see.
+        first = await self.run(flags, on_phase)
+        return [first] + [copy.deepcopy(first) for _ in range(runs - 1 if first.outcome == Outcome.OK else 0)]
 
     def evaluate(self, flags: Mapping[str, FlagValue], pruner: pruning.Pruner | None = None) -> TrialResult:
         argv = self._argv(flags)

@@ -13,7 +13,8 @@ from typing import Any
 
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.trust.commands import after_tune, runner_factory
+from autotuner.trials.scoring import DEFAULT_REPLAYS
+from autotuner.trust.commands import ConfirmPlan, after_tune, runner_factory
 from autotuner.trust.confirm import ConfirmReport
 from autotuner.trust.soak import SoakReport
 from autotuner.tuner.runners import VirtualRunner
@@ -51,10 +52,10 @@ class Tuned:
     scenario: Scenario
     runner: VirtualRunner
 
-    def trust(self, top: int = 3, repeats: int = 3, soak_s: float = 60.0) -> tuple[ConfirmReport | None,
-                                                                                   SoakReport | None]:
+    def trust(self, top: int = 3, repeats: int = 3, soak_s: float = 60.0,
+              replays: int = DEFAULT_REPLAYS) -> tuple[ConfirmReport | None, SoakReport | None]:
         return asyncio.run(after_tune(self.scenario, self.store, self.study, self.runner,
-                                      runner_factory(Path("."), 100_000), top, repeats, soak_s))
+                                      runner_factory(Path("."), 100_000), ConfirmPlan(top, repeats, replays), soak_s))
 
 
 def tune(tmp: Path, sc: Scenario, trials: int, seed: int = 0, name: str = "study.db") -> Tuned:

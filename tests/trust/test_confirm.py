@@ -32,21 +32,27 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     assert confirmed.references in ([], [0])
     study = optuna.load_study(study_name=t.study, storage=t.store.optuna_storage())
     runs = [tr for tr in study.trials if tr.user_attrs.get("kind") == "confirm"]
-    order = [tr.user_attrs["confirms"] for tr in runs]
-    # A B A B A B, less what the race dropped (measured no more once beaten beyond the noise).
+    rows = {r.trial_number: r for r in t.store.trials(t.study)}
+    # Engine lifetimes in the order they ran: A B A B A B, less what the race dropped (measured no more once
+    # beaten beyond the noise); the first round's lifetimes replay the workload twice.
+    lifetimes = list(dict.fromkeys((tr.user_attrs["confirms"], rows[tr.number].result["lifetime"]) for tr in runs))
+    order = [n for n, _ in lifetimes]
     count = {n: order.count(n) for n in measured}
     assert order == [n for rep in range(3) for n in measured if count[n] > rep]
-    assert confirmed.runs == len(runs) and {n for n in measured if count[n] < 3} == set(confirmed.dropped)
+    assert [rows[tr.number].result["replay"] for tr in runs[:2 * len(measured)]] == [1, 2] * len(measured)
+    # The simulator's noise is all per lifetime: after the first round, every repeat is a restart.
+    assert confirmed.replays == [2, 1, 1] and confirmed.split["output_tokens_per_s"] == 0.0
+    assert confirmed.runs == len(runs) == len(lifetimes) + len(measured) and confirmed.lifetimes == len(lifetimes)
+    assert {n for n in measured if count[n] < 3} == set(confirmed.dropped)
     assert confirmed.confirmed_best not in confirmed.dropped and count[confirmed.confirmed_best] == 3
     assert all(tr.state == optuna.trial.TrialState.COMPLETE for tr in runs)
     assert len(launched_trials(study)) == 4  # the budget counts the search only
-    rows = {r.trial_number: r for r in t.store.trials(t.study)}
     assert all(rows[tr.number].kind == "confirm" and rows[tr.number].result["confirms"] == tr.user_attrs["confirms"]
                for tr in runs)
     for number in confirmed.candidates:
         summary = confirmed.summaries[number]
         iv = summary.intervals["output_tokens_per_s"]
-        assert iv.n == count[number]
+        assert iv.n == count[number] == summary.lifetimes, "one observation per engine lifetime, not per replay"
         if iv.n > 1:
             assert iv.low < iv.mean < iv.high  # noise on: a real interval
         measured = [rows[r].metrics["output_tokens_per_s"] for r in summary.runs]

@@ -19,12 +19,13 @@ def test_t_interval_of_three_runs() -> None:
     assert interval([]) is None
 
 
-@pytest.mark.parametrize("text, plan", [("3x3", (3, 3)), ("2×5", (2, 5)), (" 1 * 2 ", (1, 2)), ("0", (0, 0))])
-def test_confirm_plan(text: str, plan: tuple[int, int]) -> None:
+@pytest.mark.parametrize("text, plan", [("3x3", (3, 3, 2)), ("2×5", (2, 5, 2)), (" 1 * 2 ", (1, 2, 2)),
+                                        ("0", (0, 0, 0)), ("3x3x1", (3, 3, 1)), ("2×3×4", (2, 3, 4))])
+def test_confirm_plan(text: str, plan: tuple[int, int, int]) -> None:
     assert parse_confirm(text) == plan
 
 
-@pytest.mark.parametrize("text", ["3", "3x1", "0x3", "x3", "three"])
+@pytest.mark.parametrize("text", ["3", "3x1", "0x3", "x3", "three", "3x3x0", "3x3x"])
 def test_bad_confirm_plan_names_the_syntax(text: str) -> None:
     with pytest.raises(UserInputError, match="K×R such as 3x3"):
         parse_confirm(text)

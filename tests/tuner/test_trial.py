@@ -18,7 +18,7 @@ from autotuner.engine.registry import group_members
 from autotuner.scenario import Scenario, load_scenario
 from autotuner.sim.gpu_state import GpuHost
 from autotuner.sim.worker_pool import WorkerPool
-from autotuner.tuner.lifecycle import measure
+from autotuner.tuner.lifecycle import measure, measure_lifetime
 from tests.support.quickstart import scenario
 
 
@@ -58,6 +58,26 @@ def test_ok_trial_reports_everything(home: Path, tmp_path: Path) -> None:
     assert "--max-num-batched-tokens" in result.argv and "127.0.0.1" in result.argv
     # Nothing is left: no engine process, no memory held.
     assert GpuHost(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"])).used_bytes(0) == 0
+
+
+def test_replays_within_one_engine_lifetime(home: Path, tmp_path: Path) -> None:
+    """Confirmation's replays: one start, the workload three times, a result for each; the lifetime's
+    memory peak on every one of them."""
+    phases: list[str] = []
+    sc = load_scenario(scenario(tmp_path))
+    flags = {"max-num-batched-tokens": 1024, "gpu-memory-utilization": 0.8}
+    results = asyncio.run(measure_lifetime(sc, flags, runs=3, log_dir=tmp_path / "logs", on_phase=phases.append))
+    assert phases == ["starting", *["warm-up", "replay"] * 3, "stopping"]
+    assert [r.outcome for r in results] == ["ok"] * 3, [r.reason for r in results]
+    assert all(r.metrics["completed"] == 8 and r.metrics["output_tokens_per_s"] for r in results)
+    assert len({r.engine["log_path"] for r in results}) == 1
+    assert len({r.memory["peak_fraction"] for r in results}) == 1 and results[0].memory["samples"] > 50
+    assert results[1].duration_s < results[0].duration_s, "only the first replay carries the start and stop"
+    assert GpuHost(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"])).used_bytes(0) == 0
+    # A lifetime that fails is asked for no more replays.
+    tripped = asyncio.run(measure_lifetime(sc, {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.94},
+                                           runs=3, log_dir=tmp_path / "logs"))
+    assert [r.outcome for r in tripped] == ["oom-threshold"]
 
 
 def test_a_large_step_in_a_thin_headroom_trips_the_oom_threshold(home: Path, tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""Confirmation's replays within one engine lifetime: observations are lifetimes, never replays, and
+replays go on only where the spread lives within a lifetime."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotuner.analysis.evidence import confirmations
+from autotuner.analysis.lifetimes import lifetime_means, replays_pay, split
+from autotuner.analysis.racing import beaten
+from autotuner.store.db import TrialRecord
+
+METRIC = "output_tokens_per_s"
+
+
+def row(number: int, value: float, confirms: int | None = None, lifetime: int | None = None,
+        peak: float = 0.8) -> TrialRecord:
+    result: dict[str, object] = {"metrics": {METRIC: value, "completed": 10, "failed": 0},
+                                 "memory": {"peak_fraction": peak}}
+    if confirms is not None:
+        result["confirms"] = confirms
+    if lifetime is not None:
+        result["lifetime"] = lifetime
+    return TrialRecord(number, "confirm" if confirms is not None else "search", "ok", None, "COMPLETE", {}, result)
+
+
+def study(between: float, within: float, originals: int = 5, lifetimes: int = 3, replays: int = 2,
+          seed: int = 0) -> tuple[list[TrialRecord], dict[int, TrialRecord]]:
+    """Log-normal spread: `between` per lifetime, `within` per replay (CVs); the search run is a lifetime."""
+    rng = random.Random(seed)
+    rows: list[TrialRecord] = []
+    search: dict[int, TrialRecord] = {}
+    number = 100
+    for n in range(originals):
+        true = 100.0 * (1 + n)
+        search[n] = row(n, true * math.exp(rng.gauss(0, between) + rng.gauss(0, within)))
+        for life in range(1, lifetimes + 1):
+            shift = rng.gauss(0, between)
+            for _ in range(replays):
+                rows.append(row(number, true * math.exp(shift + rng.gauss(0, within)), n, life))
+                number += 1
+    return rows, search
+
+
+def test_replays_of_one_lifetime_are_one_observation() -> None:
+    rows = [row(10, 100.0, 1, 1), row(11, 110.0, 1, 1), row(12, 90.0, 1, 2), row(13, 96.0, 1, 3),
+            row(14, 94.0, 1, 3)]
+    assert lifetime_means(rows, METRIC) == [105.0, 90.0, 95.0]
+    c = confirmations([row(1, 100.0), *rows])[1]
+    iv = c.intervals[METRIC]
+    assert iv.n == 3 == c.lifetimes and iv.mean == pytest.approx(96.6667, abs=1e-3)
+    # Recorded before replays existed (no lifetime): each run its own lifetime, as before.
+    old = confirmations([row(1, 100.0), row(20, 100.0, 1), row(21, 104.0, 1)])[1]
+    assert old.intervals[METRIC].n == 2 == old.lifetimes
+
+
+def test_a_lifetimes_copies_do_not_narrow_the_peak_bound() -> None:
+    rows = [row(10, 100.0, 1, 1, peak=0.90), row(11, 100.0, 1, 1, peak=0.90), row(12, 100.0, 1, 2, peak=0.86)]
+    c = confirmations([row(1, 100.0, peak=0.88), *rows])[1]
+    assert c.worst_peak_fraction == 0.90
+    fewer = confirmations([row(1, 100.0, peak=0.88), rows[0], rows[2]])[1]
+    assert c.peak_bound == fewer.peak_bound, "the replay's copy of its lifetime's peak counted as evidence"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_split_finds_where_the_spread_lives(seed: int) -> None:
+    rows, search = study(between=0.0, within=0.08, originals=8, seed=seed)
+    s = split(rows, search, METRIC)
+    assert s is not None and s.within_share > 0.5
+    assert replays_pay(rows, search, [METRIC])
+    rows, search = study(between=0.08, within=0.0, originals=8, seed=seed)
+    s = split(rows, search, METRIC)
+    assert s is not None and s.within_share < 0.5
+    assert not replays_pay(rows, search, [METRIC])
+
+
+def test_no_estimate_means_restarts() -> None:
+    rows, search = study(between=0.0, within=0.08, replays=1)
+    assert split(rows, search, METRIC) is None and not replays_pay(rows, search, [METRIC])
+
+
+def test_racing_counts_lifetimes_not_replays() -> None:
+    """Ten replays of one lifetime are one observation: a single lucky lifetime drops nobody."""
+    leader = [row(100 + k, 130.0 + (k % 2), 1, 1) for k in range(10)]
+    other = [row(200, 100.0, 2, 1), row(201, 101.0, 2, 1)]
+    trials = [row(1, 105.0), row(2, 110.0), *leader, *other]
+    assert beaten(trials, [1, 2], set(), [(METRIC, "maximize")]) == {}
+    # Had each replay been its own lifetime, trial 2 would have been dropped on that one engine start.
+    as_runs = [row(r.trial_number, r.metrics[METRIC], 1 if r in leader else 2, r.trial_number)
+               for r in leader + other]
+    assert 2 in beaten([row(1, 105.0), row(2, 110.0), *as_runs], [1, 2], set(), [(METRIC, "maximize")])
