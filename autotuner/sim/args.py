@@ -50,6 +50,8 @@ class SimOptions:
     seed: int
     noise: float = DEFAULT_NOISE
     run: int | None = None  # None: the server counts its launches (sim/noise.py)
+    within: float = 0.0  # spread between replays on one engine (sim/noise.py; the virtual core's replays)
+    replay: int = 0
     ignore_cpu_offload: bool = False  # behave like vLLM builds that silently drop --cpu-offload-gb
 
 

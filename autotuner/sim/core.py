@@ -113,7 +113,8 @@ class EngineCore:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._sampler_per_row = sampler_bytes(config, 1)
-        self.noise = RunNoise.draw(config.sim.noise, config.sim.seed, config.sim.run or 0)
+        self.noise = RunNoise.draw(config.sim.noise, config.sim.seed, config.sim.run or 0, config.sim.replay,
+                                   config.sim.within)
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:

@@ -16,6 +16,9 @@ the roofline or the memory model compute.
   out over a run's thousands of steps).
 - Memory: the run's transients carry an extra 0–`TRANSIENT_JITTER_BYTES` × level/DEFAULT_LEVEL
   (allocator fragmentation differs from one run to the next).
+- Within a lifetime (off by default, `within` > 0): each replay of the workload on the same engine runs
+  at the lifetime's speed times its own log-normal factor of CV `within` — the spread real vLLM shows
+  between replays on one server (benchmarks/noise_split.py), for benchmarks of confirmation's replays.
 """
 
 from __future__ import annotations
@@ -43,18 +46,20 @@ class RunNoise:
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
     @classmethod
-    def draw(cls, level: float, seed: int, run: int) -> RunNoise:
-        if level <= 0:
+    def draw(cls, level: float, seed: int, run: int, replay: int = 0, within: float = 0.0) -> RunNoise:
+        if level <= 0 and within <= 0:
             return cls(0.0)
         # A string seed is hashed with SHA-512: stable across processes and Python versions.
         rng = random.Random(f"sim-noise:{seed}:{run}")
-        sigma = math.sqrt(math.log1p(level * level))
-        speed = math.exp(rng.gauss(-sigma * sigma / 2, sigma))  # mean 1, CV = level
-        slow = rng.random() < 1.0 / SLOW_RUN_EVERY
+        speed = _lognormal(rng, level)
+        slow = level > 0 and rng.random() < 1.0 / SLOW_RUN_EVERY
         if slow:
             speed *= rng.uniform(*SLOW_RUN_FACTOR)
         transient = int(rng.random() * TRANSIENT_JITTER_BYTES * level / DEFAULT_LEVEL)
-        return cls(level, speed, slow, transient, rng)
+        if within > 0:
+            rng = random.Random(f"sim-noise:{seed}:{run}:replay:{replay}")
+            speed *= _lognormal(rng, within)
+        return cls(max(level, within), speed, slow, transient, rng)
 
     @property
     def active(self) -> bool:
@@ -73,6 +78,14 @@ class RunNoise:
             return "off"
         return (f"level {self.level:.1%}, run speed ×{self.speed:.3f}{' (slow run)' if self.slow else ''}, "
                 f"transient +{self.transient_bytes / 2**20:.0f} MiB")
+
+
+def _lognormal(rng: random.Random, cv: float) -> float:
+    """Mean 1, coefficient of variation `cv`."""
+    if cv <= 0:
+        return 1.0
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return math.exp(rng.gauss(-sigma * sigma / 2, sigma))
 
 
 def next_run(state_dir: Path, seed: int) -> int:

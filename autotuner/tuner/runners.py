@@ -108,7 +108,8 @@ def on_gpus(scenario: Scenario, gpus: Sequence[int]) -> Scenario:
 class VirtualRunner(TrialRunner):
     """The simulator's engine core in virtual time, deterministic for the scenario's seeds."""
 
-    def __init__(self, scenario: Scenario, first_run: int = 0, gpu: GpuSpec | None = None) -> None:
+    def __init__(self, scenario: Scenario, first_run: int = 0, gpu: GpuSpec | None = None,
+                 within: float = 0.0) -> None:
         if scenario.workload.requests.kind != "synthetic":
             raise ScenarioError(f"{scenario.source or 'scenario'}: engine.kind sim-virtual takes synthetic "
                                 "workloads only (token counts, no text); replay a trace with kind sim or vllm")
@@ -119,13 +120,15 @@ class VirtualRunner(TrialRunner):
         # engine launch on a real box; `first_run` lets a caller start on fresh draws.
         self.runs = first_run
         self.gpu = gpu  # the GPU as given (the twin's calibrated preset) instead of engine.sim.gpu's
+        # Spread between replays on one engine (sim/noise.py); 0: a lifetime's replays measure alike.
+        self.within = within
 
     def study_key(self) -> StudyKey:
         return backend_study_key(SIM_VIRTUAL, self.scenario)
 
-    def _argv(self, flags: Mapping[str, FlagValue]) -> list[str]:
+    def _argv(self, flags: Mapping[str, FlagValue], run: int | None = None) -> list[str]:
         return [self.scenario.engine.model, *flag_argv({**self.scenario.engine.flags, **flags}),
-                *SIM_VIRTUAL.argv_extras(self.scenario, run=self.runs)]
+                *SIM_VIRTUAL.argv_extras(self.scenario, run=self.runs if run is None else run)]
 
     def requests(self, vocab_size: int) -> tuple[list[EvalRequest], int | None]:
         """The scenario's workload as the evaluator takes it (same seeds → same requests)."""
@@ -156,20 +159,31 @@ class VirtualRunner(TrialRunner):
 
     async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
                            on_phase: Phase | None = None) -> list[TrialResult]:
-        # The simulated engine's noise is drawn once per lifetime (sim/noise.py): replays within one
-        # lifetime measure alike, which is what confirmation must be able to see.
+        # The simulated engine's noise is drawn once per lifetime (sim/noise.py): without `within`, replays
+        # within one lifetime measure alike, which is what confirmation must be able to see.
         first = await self.run(flags, on_phase)
-        return [first] + [copy.deepcopy(first) for _ in range(runs - 1 if first.outcome == Outcome.OK else 0)]
+        out = [first]
+        while len(out) < runs and out[-1].outcome == Outcome.OK:
+            if self.within <= 0:
+                out.append(copy.deepcopy(first))
+            else:
+                out.append(await asyncio.to_thread(self.evaluate, flags, None, len(out)))
+        return out
 
-    def evaluate(self, flags: Mapping[str, FlagValue], pruner: pruning.Pruner | None = None) -> TrialResult:
-        argv = self._argv(flags)
-        self.runs += 1
+    def evaluate(self, flags: Mapping[str, FlagValue], pruner: pruning.Pruner | None = None,
+                 replay: int = 0) -> TrialResult:
+        """One run; `replay` > 0: another replay on the engine of the last run (its lifetime's draw)."""
+        run = self.runs - 1 if replay else self.runs
+        self.runs += 0 if replay else 1
+        argv = self._argv(flags, run)
         merged = {**self.scenario.engine.flags, **flags}
         result = TrialResult(Outcome.OK, None, dict(merged), ["autotuner", "sim", "evaluate", *argv])
         try:
             config = build_config(parse_args(argv), self.scenario.engine.resolved_env())
             if self.gpu is not None:
                 config = replace(config, sim=replace(config.sim, gpu=self.gpu))
+            if self.within > 0:
+                config = replace(config, sim=replace(config.sim, within=self.within, replay=replay))
         except VllmArgError as exc:
             result.outcome = Outcome.INVALID_FLAGS
             result.reason = clean_reason(exc.message.splitlines()[-1])

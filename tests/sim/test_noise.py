@@ -54,6 +54,22 @@ def test_run_speed_has_the_advertised_spread_and_slow_runs() -> None:
     assert RunNoise.draw(0.0, 11, 5).step_seconds(0.25) == 0.25
 
 
+def test_replays_within_a_lifetime_spread_only_when_asked() -> None:
+    """Off (the default) a replay is its lifetime's draw exactly; on, each replay of one lifetime has its
+    own factor of the asked spread around the lifetime's speed, and the lifetime's memory jitter."""
+    base = RunNoise.draw(DEFAULT_LEVEL, seed=3, run=9)
+    same = RunNoise.draw(DEFAULT_LEVEL, seed=3, run=9, replay=4)
+    assert (same.speed, same.slow, same.transient_bytes) == (base.speed, base.slow, base.transient_bytes)
+    assert same.step_seconds(1.0) == base.step_seconds(1.0)
+    replays = [RunNoise.draw(0.0, seed=3, run=9, replay=k, within=0.10) for k in range(2000)]
+    speeds = [d.speed for d in replays]
+    assert 0.08 <= statistics.pstdev(speeds) / statistics.fmean(speeds) <= 0.12
+    assert not any(d.slow for d in replays) and {d.transient_bytes for d in replays} == {0}
+    both = [RunNoise.draw(DEFAULT_LEVEL, seed=3, run=9, replay=k, within=0.10) for k in range(3)]
+    assert {d.transient_bytes for d in both} == {base.transient_bytes}
+    assert len({d.speed for d in both}) == 3
+
+
 def test_server_counts_runs_per_seed(tmp_path: Path) -> None:
     assert [next_run(tmp_path, 4) for _ in range(3)] == [0, 1, 2]
     assert next_run(tmp_path, 5) == 0

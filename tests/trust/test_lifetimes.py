@@ -3,8 +3,10 @@ replays go on only where the spread lives within a lifetime."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,9 @@ from autotuner.analysis.evidence import confirmations
 from autotuner.analysis.lifetimes import lifetime_means, replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.store.db import TrialRecord
+from autotuner.trust.commands import ConfirmPlan, after_tune, runner_factory
+from autotuner.tuner.runners import VirtualRunner
+from tests.support.virtual_studies import scenario, tune
 
 METRIC = "output_tokens_per_s"
 
@@ -92,3 +97,20 @@ def test_racing_counts_lifetimes_not_replays() -> None:
     as_runs = [row(r.trial_number, r.metrics[METRIC], 1 if r in leader else 2, r.trial_number)
                for r in leader + other]
     assert 2 in beaten([row(1, 105.0), row(2, 110.0), *as_runs], [1, 2], set(), [(METRIC, "maximize")])
+
+
+def test_where_replays_spread_the_confirmation_keeps_replaying(tmp_path: Path) -> None:
+    """The virtual engine with vLLM's split (no spread between lifetimes, 8 % between replays of one):
+    replays every round, and each replay a measurement of its own."""
+    from tests.trust.test_confirm import UTIL_SPACE
+
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.0}), trials=3)
+    runner = VirtualRunner(t.scenario, first_run=100_000, within=0.08)
+    replays = asyncio.run(runner.run_lifetime({"gpu-memory-utilization": 0.92}, 3))
+    assert len({r.metrics[METRIC] for r in replays}) == 3
+    assert len({r.engine["sim_run"] for r in replays}) == 1, "one lifetime"
+    confirmed, _ = asyncio.run(after_tune(t.scenario, t.store, t.study, runner,
+                                          runner_factory(tmp_path, 100_000), ConfirmPlan(2, 3, 2), 0.0))
+    assert confirmed is not None and confirmed.split[METRIC] > 0.5, confirmed.split
+    assert confirmed.replays == [2, 2, 2][:len(confirmed.replays)] and len(confirmed.replays) == 3
+    assert confirmed.runs == 2 * confirmed.lifetimes
