@@ -2,6 +2,7 @@
 (printed, not asserted).
 
     .venv/bin/python benchmarks/winner_regret.py [--seeds 20] [--trials 12] [--jobs 2] [--noise 0.03]
+                                                 [--within 0.0] [--replays 2]
 
 Two cases of benchmarks/sample_efficiency.py (the quickstart, Llama-2-13B TP 8 on 8x RTX 3090, and
 Llama-3-8B on one RTX 4090), in virtual time (`sim-virtual`) with the simulator's run-to-run noise on.
@@ -17,6 +18,11 @@ throughput; its true mean is its own 10 fresh re-measurements.
 - claim_err: |claimed − re-measured| / re-measured, for our certificate's throughput (the confirmed
   mean); p50 over seeds.
 - soak_caught: seeds where the soak failed at least one confirmed candidate.
+- starts: engine starts of the trust phase (confirmation lifetimes and soaks); mean over seeds.
+
+`--noise` is the spread between engine lifetimes; `--within` adds a spread between replays of the
+workload on one engine (sim/noise.py; vLLM's measured split is mostly within, benchmarks/noise_split.py)
+and `--replays` is confirmation's W (1: every repeat a restart).
 """
 
 from __future__ import annotations
@@ -68,7 +74,8 @@ def searched(flags: dict[str, Any], scenario: Scenario) -> dict[str, Any]:
     return {k: v for k, v in flags.items() if k not in scenario.engine.flags}
 
 
-def one(case: str, seed: int, trials: int, noise: float) -> dict[str, Any]:
+def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
+        replays: int = DEFAULT_REPLAYS) -> dict[str, Any]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     base = CASES[case]()
     offset = 1000 * list(CASES).index(case)  # independent noise draws per case
@@ -76,11 +83,12 @@ def one(case: str, seed: int, trials: int, noise: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         storage = str(Path(tmp) / "s.db")
         store = Store(storage)
-        runner = VirtualRunner(sc)
+        runner = VirtualRunner(sc, within=within)
         summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed).run())
         naive = select(storage, None, [], POLICY).chosen
-        _, soaked = asyncio.run(after_tune(sc, store, summary.study_name, runner, runner_factory(Path(tmp), 100_000),
-                                           ConfirmPlan(3, 3, DEFAULT_REPLAYS), 600.0))
+        confirmed, soaked = asyncio.run(after_tune(sc, store, summary.study_name, runner,
+                                                   runner_factory(Path(tmp), 100_000), ConfirmPlan(3, 3, replays),
+                                                   600.0))
         picked = select(storage, None, [], POLICY)
         refused = bool(picked.missing)
         # The best configuration the study saw: SLO-feasible without noise, highest throughput.
@@ -104,6 +112,8 @@ def one(case: str, seed: int, trials: int, noise: float) -> dict[str, Any]:
                 "claim_err": abs(claim - ours_m) / ours_m if claim and ours_m else None,
                 "naive_claim_err": abs(float(naive.metrics[THROUGHPUT]) - naive_m) / naive_m if naive_m else None,
                 "changed": picked.single_shot is not None,
+                "starts": (confirmed.lifetimes if confirmed else 0) + (len(soaked.verdicts) if soaked else 0),
+                "replays": confirmed.replays if confirmed else [],
                 "soak_caught": bool(soaked and any(not v.passed for v in soaked.verdicts))}
 
 
@@ -113,12 +123,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.03)
+    parser.add_argument("--within", type=float, default=0.0, help="spread between replays on one engine")
+    parser.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="confirmation's replays per start")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = parser.parse_args()
     t0 = time.time()
     jobs = [(case, seed) for case in args.cases for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(one, *zip(*jobs, strict=True), [args.trials] * len(jobs), [args.noise] * len(jobs)))
+        rows = list(pool.map(one, *zip(*jobs, strict=True), [args.trials] * len(jobs), [args.noise] * len(jobs),
+                             [args.within] * len(jobs), [args.replays] * len(jobs)))
     for r in rows:
         print(f"  {r['case']} seed {r['seed']}: best {r['best']:.1f}, naive {r['naive']:.1f}, ours {r['ours']:.1f} "
               f"tok/s{' (refused)' if r['refused'] else ''}", file=sys.stderr)
@@ -129,7 +142,9 @@ def main() -> None:
         loss = [1 - r["ours"] / r["best"] for r in mine if not r["refused"]]
         naive_loss = [1 - r["naive"] / r["best"] for r in mine]
         errs = [r["claim_err"] for r in mine if r["claim_err"] is not None]
-        print(f"{case}: {len(mine)} seeds, noise {args.noise:.0%}, {args.trials} trials + confirm 3x3 + soak; "
+        print(f"{case}: {len(mine)} seeds, noise {args.noise:.0%} (+{args.within:.0%} within), {args.trials} "
+              f"trials + confirm 3x3x{args.replays} + soak ({statistics.fmean(r['starts'] for r in mine):.1f} "
+              f"starts, replays by round e.g. {mine[0]['replays']}); "
               f"naive_regret10 {naive:.2f} (mean loss {statistics.fmean(naive_loss):.1%}), ours_regret10 {ours:.2f} "
               f"(mean loss {statistics.fmean(loss) if loss else 0:.1%}), refused {sum(r['refused'] for r in mine)}, "
               f"confirmation changed the winner {sum(r['changed'] for r in mine)}, soak caught "
@@ -142,7 +157,7 @@ def main() -> None:
     print(f"wall {time.time() - t0:.0f} s")
     print(f"naive_regret10={naive_all:.3f} ours_regret10={ours_all:.3f} "
           f"claim_err_p50={statistics.median(errs) if errs else float('nan'):.4f} "
-          f"soak_caught={sum(r['soak_caught'] for r in rows)}")
+          f"soak_caught={sum(r['soak_caught'] for r in rows)} starts={statistics.fmean(r['starts'] for r in rows):.2f}")
 
 
 if __name__ == "__main__":

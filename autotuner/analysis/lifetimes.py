@@ -6,7 +6,7 @@ what torch.compile picked) they share. So every interval and every racing test s
 never on replays: a lifetime's figure is the mean of its replays, and those means are the
 observations, as each run was before replays existed. What replays buy is a lifetime mean with less
 of the within-lifetime spread in it — worth a replay's time only where that spread is a real part of
-the whole (`replays_pay`).
+the whole (`replays_pay`, decided once two rounds of lifetimes have replayed).
 
 A confirm trial's `lifetime` (in its result) is the round it was measured in; a trial without one
 (recorded before replays) is a lifetime of its own.
@@ -73,41 +73,40 @@ def _log(value: float) -> float | None:
     return math.log(value) if value > 0 else None
 
 
-def split(confirm_runs: Sequence[TrialRecord], search_runs: dict[int, TrialRecord], metric: str) -> Split | None:
-    """The within-lifetime variance pooled over the lifetimes that replayed, and the between-lifetime
-    variance from each original's search run against its confirmation lifetimes' means:
-    E[(search − mean of n replays)²] = 2·between + within·(1 + 1/n). The search run was picked for
-    being good, which inflates that difference: the between part is overstated, never understated.
-    None until both parts have a degree of freedom."""
-    ss, df = 0.0, 0
+def split(confirm_runs: Sequence[TrialRecord], metric: str) -> Split | None:
+    """The within-lifetime variance, pooled over the lifetimes that replayed, and the between-lifetime
+    variance from the spread of each original's lifetime means about their mean: E[s²] = between +
+    within · mean(1/n) for means of n replays. Confirmation runs only — a search run was picked for
+    being good, and its luck would pass for spread between lifetimes. None until both have a degree
+    of freedom (two lifetimes of one original, one of them replayed)."""
+    ss_w, df_w = 0.0, 0
+    ss_b, df_b, inverse_n = 0.0, 0, []
     per_original: dict[int, list[TrialRecord]] = {}
     for t in confirm_runs:
-        per_original.setdefault(lifetime_of(t)[0], []).append(t)
-    diffs: list[tuple[float, int]] = []
-    for original, rows in per_original.items():
+        if t.kind == "confirm":
+            per_original.setdefault(lifetime_of(t)[0], []).append(t)
+    for rows in per_original.values():
         lifetimes = lifetime_values(rows, metric, _log)
-        for vs in lifetimes:
-            if len(vs) > 1:
-                mean = sum(vs) / len(vs)
-                ss += sum((v - mean) ** 2 for v in vs)
-                df += len(vs) - 1
-        first = search_runs.get(original)
-        searched = lifetime_values([first], metric, _log) if first is not None else []
-        if searched and lifetimes:
-            for vs in lifetimes:
-                diffs.append((searched[0][0] - sum(vs) / len(vs), len(vs)))
-    if not df or not diffs:
+        means = [sum(vs) / len(vs) for vs in lifetimes]
+        for vs, mean in zip(lifetimes, means, strict=True):
+            ss_w += sum((v - mean) ** 2 for v in vs)
+            df_w += len(vs) - 1
+        if len(means) > 1:
+            grand = sum(means) / len(means)
+            ss_b += sum((m - grand) ** 2 for m in means)
+            df_b += len(means) - 1
+            inverse_n += [1 / len(vs) for vs in lifetimes]
+    if not df_w or not df_b:
         return None
-    within = ss / df
-    excess = sum(d * d - within * (1 + 1 / n) for d, n in diffs) / len(diffs)
-    return Split(within, df, max(0.0, excess / 2), len(diffs))
+    within = ss_w / df_w
+    between = ss_b / df_b - within * sum(inverse_n) / len(inverse_n)
+    return Split(within, df_w, max(0.0, between), df_b)
 
 
-def replays_pay(confirm_runs: Sequence[TrialRecord], search_runs: dict[int, TrialRecord],
-                metrics: Sequence[str]) -> bool:
+def replays_pay(confirm_runs: Sequence[TrialRecord], metrics: Sequence[str]) -> bool:
     """Replay within a lifetime while, on every objective, the within-lifetime variance is at least
     the between-lifetime one: a second replay then cuts a lifetime mean's variance by a quarter or
     more. Otherwise (or with no estimate yet) each repeat is a restart, as it must be when the spread
     is per lifetime."""
-    splits = [split(confirm_runs, search_runs, m) for m in metrics]
+    splits = [split(confirm_runs, m) for m in metrics]
     return bool(splits) and all(s is not None and s.within >= s.between for s in splits)

@@ -8,9 +8,9 @@ kind `confirm` linked to its original; `summary.confirmations` turns them into i
 `analysis.confirmed` ranks by their bounds. After each round, what another configuration already beats
 beyond the noise is measured no more (analysis/racing.py): the confirmed best still gets every repeat.
 
-Each repeat is an engine lifetime (a restart). In the first round each lifetime replays the workload up
-to `replays` times; later rounds replay only where that round showed the spread to be within a lifetime
-at least as much as between lifetimes (analysis/lifetimes.py), else they restart for every repeat.
+Each repeat is an engine lifetime (a restart). In the first two rounds each lifetime replays the
+workload up to `replays` times; later rounds replay only where those showed the spread to be within a
+lifetime at least as much as between lifetimes (analysis/lifetimes.py), else every repeat is a restart.
 Intervals and racing stand on lifetimes, a lifetime's figure being the mean of its replays.
 """
 
@@ -120,19 +120,18 @@ async def _lifetime(ctx: TrustContext, report: ConfirmReport, t: TrialRecord, re
                                   "values": [result.metrics.get(m) for m, _ in data.objectives]})
 
 
-def _replays_after_first_round(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
-                               replays: int) -> int:
-    """Keep replaying within lifetimes only where the first round showed the spread to live there."""
-    trials = ctx.data().trials
+def _replays_after_two_rounds(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
+                              replays: int) -> int:
+    """Keep replaying within lifetimes only where two rounds showed the spread to live there."""
+    data = ctx.data()
     originals = {t.trial_number for t in measured}
-    runs = [t for t in trials if t.kind == "confirm" and t.result.get("confirms") in originals]
-    search = {t.trial_number: t for t in measured}
-    metrics = [m for m, _ in ctx.data().objectives]
+    runs = [t for t in data.trials if t.kind == "confirm" and t.result.get("confirms") in originals]
+    metrics = [m for m, _ in data.objectives]
     for m in metrics:
-        s = split(runs, search, m)
+        s = split(runs, m)
         if s is not None:
             report.split[m] = round(s.within_share, 3)
-    keep = replays_pay(runs, search, metrics)
+    keep = replays_pay(runs, metrics)
     log.info("confirm.replays", study=ctx.study_name, within_share=report.split, replays=replays if keep else 1,
              why="the spread is within a lifetime as much as between" if keep else
              "the spread is mostly between lifetimes (or not estimated): every repeat a restart")
@@ -179,8 +178,8 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                 report.dropped[number] = why
                 log.info("confirm.dropped", study=ctx.study_name, trial=number, after_rounds=rep, why=why)
             raced = [t for t in raced if t.trial_number not in out]
-        if rep == 1 and per_lifetime > 1:
-            per_lifetime = _replays_after_first_round(ctx, report, measured, per_lifetime)
+        if rep == 2 and per_lifetime > 1:
+            per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
         for t in raced:  # interleaved: A B C A B C …
             await _lifetime(ctx, report, t, rep, per_lifetime, repeats * len(measured))
