@@ -123,6 +123,18 @@ async def _lifetime(ctx: TrustContext, report: ConfirmReport, t: TrialRecord, re
 def _replays_after_two_rounds(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
                               replays: int) -> int:
     """Keep replaying within lifetimes only where two rounds showed the spread to live there."""
+    runs, metrics = _note_split(ctx, report, measured)
+    keep = replays_pay(runs, metrics)
+    log.info("confirm.replays", study=ctx.study_name, within_share=report.split, replays=replays if keep else 1,
+             why="the spread is within a lifetime as much as between" if keep else
+             "the spread is mostly between lifetimes (or not estimated): every repeat a restart")
+    return replays if keep else 1
+
+
+def _note_split(ctx: TrustContext, report: ConfirmReport,
+                measured: list[TrialRecord]) -> tuple[list[TrialRecord], list[str]]:
+    """The within-lifetime share of the spread per objective, as far as the runs so far tell, on the
+    report; the runs and objectives it stands on."""
     data = ctx.data()
     originals = {t.trial_number for t in measured}
     runs = [t for t in data.trials if t.kind == "confirm" and t.result.get("confirms") in originals]
@@ -131,11 +143,7 @@ def _replays_after_two_rounds(ctx: TrustContext, report: ConfirmReport, measured
         s = split(runs, m)
         if s is not None:
             report.split[m] = round(s.within_share, 3)
-    keep = replays_pay(runs, metrics)
-    log.info("confirm.replays", study=ctx.study_name, within_share=report.split, replays=replays if keep else 1,
-             why="the spread is within a lifetime as much as between" if keep else
-             "the spread is mostly between lifetimes (or not estimated): every repeat a restart")
-    return replays if keep else 1
+    return runs, metrics
 
 
 def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list[TrialRecord]:
@@ -183,6 +191,8 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         report.replays.append(per_lifetime)
         for t in raced:  # interleaved: A B C A B C …
             await _lifetime(ctx, report, t, rep, per_lifetime, repeats * len(measured))
+    if max(report.replays, default=1) > 1:
+        _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
     data = ctx.data()
     report.summaries = {n: c for n, c in confirmations(data.trials).items()
                         if n in report.candidates or n in report.references}
