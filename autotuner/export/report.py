@@ -253,13 +253,14 @@ def verification_section(analysis: Analysis, soak_memory: Image | str | None) ->
             thr, ttft = c.intervals.get("output_tokens_per_s"), c.intervals.get("ttft_p95_s")
             last = last_soak(soaked, number)
             soak_text = "-" if last is None else ("passed" if last.passed else f"failed: {shorten(last.reason or '')}")
-            rows.append([_trial_label(number, analysis.study), str(len(c.runs)),
+            rows.append([_trial_label(number, analysis.study), f"{len(c.runs)} on {c.lifetimes} starts",
                          f"{thr.mean:.1f} ± {thr.half_width:.1f}" if thr else "-",
                          f"{ttft.mean:.3f} ± {ttft.half_width:.3f} s" if ttft else "-",
                          percent(c.worst_peak_fraction), shorten("; ".join(c.bad_runs)) or "-",
                          "-" if c.offload is None else str(c.offload.get("verified")),
                          soak_text])
-        blocks.append(Table(["trial", "runs", "output tok/s (mean ± 95 % CI)", "TTFT p95 (mean ± 95 % CI)",
+        blocks.append(Table(["trial", "runs (engine starts)", "output tok/s (mean ± 95 % CI over starts)",
+                             "TTFT p95 (mean ± 95 % CI)",
                              "worst peak", "failed runs", "offload verified", "soak"], rows))
     soak_rows = [[str(v.trial), str(v.original), "passed" if v.passed else "FAILED", seconds(v.duration_s),
                   v.workload, percent(v.peak_fraction), seconds(v.ttft_p99_s), seconds(v.itl_p99_s),
