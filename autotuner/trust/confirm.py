@@ -20,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import optuna
 import structlog
 
 from autotuner.analysis.candidates import Analysis, analyse, choose
@@ -29,6 +30,7 @@ from autotuner.analysis.evidence import Confirmation, confirmations, soaks
 from autotuner.analysis.lifetimes import replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
+from autotuner.analysis.study_data import StudyData
 from autotuner.store.db import TrialRecord
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
 from autotuner.trust import offload
@@ -90,11 +92,10 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
     return out[:top]
 
 
-async def _lifetime(ctx: TrustContext, report: ConfirmReport, t: TrialRecord, rep: int, replays: int,
-                    budget: int) -> None:
-    """One engine lifetime of `t`'s configuration, its replays each recorded as a confirm run."""
-    data = ctx.data()
-    study = ctx.study()
+async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, report: ConfirmReport,
+                    t: TrialRecord, rep: int, replays: int, budget: int) -> None:
+    """One engine lifetime of `t`'s configuration, its replays each recorded as a confirm run (`data`: the
+    study as confirmation found it, for the offload check's reference footprints)."""
     params = ctx.space.clamp(t.flags)
     flags = ctx.space.to_flags(params)
     ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1, "budget": budget, "flags": flags,
@@ -178,6 +179,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
              repeats=repeats, replays=replays)
     raced = list(measured)
     per_lifetime = max(1, replays)
+    study = ctx.study()
     for rep in range(repeats):
         if rep:
             out = beaten(ctx.data().trials, [t.trial_number for t in raced], set(report.references),
@@ -190,7 +192,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
             per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
         for t in raced:  # interleaved: A B C A B C …
-            await _lifetime(ctx, report, t, rep, per_lifetime, repeats * len(measured))
+            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, repeats * len(measured))
     if max(report.replays, default=1) > 1:
         _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
     data = ctx.data()
