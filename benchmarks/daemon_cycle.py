@@ -1,6 +1,6 @@
 """What a model swap costs the daemon, on the simulator (printed, not asserted).
 
-    .venv/bin/python benchmarks/daemon_cycle.py [--rollbacks 2] [--trials 6] [--cold-trials 20]
+    .venv/bin/python benchmarks/daemon_cycle.py [--rollbacks 2] [--trials 6] [--cold-trials 20] [--twin]
 
 1. Swap: the daemon (a real `autotuner daemon run` process) watches a simulated production (`autotuner sim
    serve` behind a `command` target, tests/daemon/prodctl.py) serving llama-2-7b on one RTX 4090, with a
@@ -77,7 +77,7 @@ def throughputs(db: Path, study: str) -> list[float | None]:
     return out
 
 
-def swap(tmp: Path, trials: int) -> dict[str, Any]:
+def swap(tmp: Path, trials: int, twin: bool = False) -> dict[str, Any]:
     from autotuner.scenario import Scenario
     from autotuner.store.db import Store
     from autotuner.tuner.runners import VirtualRunner
@@ -85,7 +85,7 @@ def swap(tmp: Path, trials: int) -> dict[str, Any]:
     from tests.support.daemon import SCENARIO, make_deployment, tear_down
 
     d = make_deployment(tmp / "swap", daemon={"tune": {"trials": trials, "timeout": "30m", "confirm": "2x2",
-                                                        "soak": "20s"}})
+                                                        "soak": "20s", "twin": twin}})
     try:
         sc = Scenario.model_validate({**SCENARIO, "source": d.root / "scenario.yaml"})
         store = Store(str(d.root / "autotuner.db"))
@@ -173,21 +173,24 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--cold-trials", type=int, default=20)
     parser.add_argument("--rollbacks", type=int, default=2)
+    parser.add_argument("--twin", action="store_true", help="the daemon's re-tune searches the calibrated twin")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="daemon-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         os.environ["AUTOTUNER_HOME"] = str(tmp / "home")
         os.environ["AUTOTUNER_SIM_STATE_DIR"] = str(tmp / "gpus")
-        s = swap(tmp, args.trials)
+        s = swap(tmp, args.trials, args.twin)
         print(f"swap llama-2-7b → mistral-7b: cycle {s['outcome']}, production serves {s['served']}; "
-              f"{s['trials']} trials (warm start from {s['old_study']}); wall {s['wall_s']:.1f} s from the swap "
+              f"{s['trials']} trials{' (twin-first)' if args.twin else ''} (warm start from {s['old_study']}); "
+              f"wall {s['wall_s']:.1f} s from the swap "
               f"to the verified config; simulated hardware time {s['hardware_s']:.1f} s (engine time of the "
               f"cycle's runs + production steps); production down {s['downtime_s']:.1f} s", flush=True)
         n_warm, n_cold, target = warm_vs_cold(s["db"], s["old_study"], args.cold_trials)
         print(f"mistral-7b to 98 % of the cold study's best ({target:.1f} tok/s): warm start {n_warm} trials, "
               f"cold {n_cold} trials (budget {args.cold_trials}; budget + 1 = never)", flush=True)
         oks = [rollback(tmp, i, args.trials) for i in range(args.rollbacks)]
-    print(f"swap_to_verified_s={s['wall_s']:.1f} downtime_s={s['downtime_s']:.1f} trials_warm={n_warm} "
+    print(f"swap_to_verified_s={s['wall_s']:.1f} downtime_s={s['downtime_s']:.1f} hardware_s={s['hardware_s']:.1f} "
+          f"trials_cycle={s['trials']} trials_warm={n_warm} "
           f"trials_cold={n_cold} rollbacks_ok={sum(oks)}/{len(oks)}")
 
 
