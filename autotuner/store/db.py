@@ -18,6 +18,7 @@ import json
 import os
 import sqlite3
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -200,12 +201,19 @@ class Store:
         study) get heartbeats, so a worker that died is told apart from one still measuring."""
         import optuna
 
-        kwargs: dict[str, Any] = {}
-        if not self.is_sqlite:
-            kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_S * 4,
-                          heartbeat_stale_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
-        return _racing_workers(
-            lambda: optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs))
+        def storage() -> optuna.storages.RDBStorage:
+            # Heartbeats are what tell a dead worker from a slow one here, chosen knowingly: Optuna's
+            # "experimental" marks on them are no news to the user.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                kwargs: dict[str, Any] = {}
+                if not self.is_sqlite:
+                    kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_S * 4,
+                                  heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                                      max_retry=1))
+                return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url), **kwargs)
+
+        return _racing_workers(storage)
 
     @property
     def is_sqlite(self) -> bool:

@@ -16,7 +16,10 @@ what one promises, both must keep:
   cleaned as the log classifier cleans it;
 - `run(gpus=G)` measures the trial on the GPU group G;
 - nothing of a trial outlives `run()`: no engine in the registry, no memory held on the simulated GPUs;
-- `study_key()` is stable and changes with the workload or the model, not with the study's budget.
+- `study_key()` is stable and changes with the workload or the model, not with the study's budget;
+- `run_lifetime(flags, n)` replays the workload up to n times on one engine: n results of a safe candidate,
+  each serving every request and carrying the lifetime's memory peak, nothing left afterwards; a lifetime
+  that fails is one failed result, never asked for more.
 
 Each trial is tiny: the quickstart case at tensor parallel 2, four short requests, the simulator 100x.
 One (runner, candidate) trial is run once per module and its observations shared by the clauses on it.
@@ -332,3 +335,21 @@ def test_study_key_follows_the_workload_and_the_model_not_the_budget(kind: str, 
     assert smaller.model_fingerprint != base.model_fingerprint
     longer = make_runner(tiny_scenario(tmp_path, kind, "longer", budget__trials=99), tmp_path).study_key()
     assert longer == base
+
+
+# --- replays within one lifetime ---------------------------------------------------------------------------
+
+def test_replays_of_a_safe_candidate_share_one_lifetime(kind: str, tmp_path: Path) -> None:
+    scenario = tiny_scenario(tmp_path, kind, "replays")
+    results = asyncio.run(make_runner(scenario, tmp_path).run_lifetime(dict(SAFE), 2))
+    assert [r.outcome for r in results] == [Outcome.OK] * 2, [r.reason for r in results]
+    assert all(r.metrics["completed"] == REQUESTS and r.metrics["failed"] == 0 for r in results)
+    assert len({r.peak_fraction for r in results}) == 1 and results[0].peak_fraction is not None
+    assert all(r.flags == results[0].flags for r in results)
+    assert EngineRegistry().entries() == [] and not any(_gpu_bytes_settled(scenario))
+
+
+def test_a_failing_lifetime_is_not_replayed(kind: str, tmp_path: Path) -> None:
+    scenario = tiny_scenario(tmp_path, kind, "replays-over")
+    results = asyncio.run(make_runner(scenario, tmp_path).run_lifetime(dict(OVER_THRESHOLD), 3))
+    assert [r.outcome for r in results] == [Outcome.OOM_THRESHOLD]
