@@ -282,6 +282,11 @@ async def _watch(engine: EngineProcess, sampler: Sampler, monitor: MemoryMonitor
         await asyncio.to_thread(engine.record_members)
         grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
         if grown is not None:
+            # A worker of ours that died since the last look (a failed start) is no member any more and is
+            # named in the engine's log only once the log is read that far: look again before blaming others.
+            await asyncio.sleep(WATCH_S)
+            grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+        if grown is not None:
             abort.set(Outcome.INTERFERENCE, grown)
             return
 
