@@ -153,12 +153,18 @@ def _is_ours(engine: EngineProcess) -> Callable[[int], bool]:
     return ours
 
 
-def foreign_growth(monitor: MemoryMonitor, foreign: list[ForeignMemory], engine: EngineProcess) -> str | None:
+def foreign_growth(monitor: MemoryMonitor, foreign: list[ForeignMemory], engine: EngineProcess,
+                   live_only: bool = False) -> str | None:
     """Other processes' memory that grew since the baseline, as a reason; None if none did (or if
-    NVML names no holder at all, as in a container: then growth cannot be told from ours)."""
+    NVML names no holder at all, as in a container: then growth cannot be told from ours). `live_only`:
+    count only processes still running (a dead one's memory is on its way out)."""
     if not foreign:
         return None
-    ours = _is_ours(engine)
+    known = _is_ours(engine)
+
+    def ours(pid: int) -> bool:
+        return known(pid) or (live_only and not _running(pid))
+
     grown = []
     for position, before in enumerate(foreign):
         if before.unlisted:

@@ -281,9 +281,10 @@ async def _watch(engine: EngineProcess, sampler: Sampler, monitor: MemoryMonitor
             return
         await asyncio.to_thread(engine.record_members)
         grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
-        if grown is not None:
-            # A worker of ours that died since the last look (a failed start) is no member any more and is
-            # named in the engine's log only once the log is read that far: look again before blaming others.
+        if grown is not None and await asyncio.to_thread(foreign_growth, monitor, foreign, engine, True) is None:
+            # Only processes that are gone grew: a worker of ours that died since the last look (a failed
+            # start) is no member any more, and the engine's log names it only once it is read that far.
+            # Look again then; a live stranger is blamed at once.
             await asyncio.sleep(WATCH_S)
             grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
         if grown is not None:
