@@ -103,9 +103,10 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
     started = time.time()
     results = await ctx.runner.run_lifetime(flags, replays)
     report.lifetimes += 1
+    # The weights were loaded once: one offload check per lifetime (it reads the engine's log).
+    check = offload.check(results[0], data.trials)
     for k, result in enumerate(results):
         extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
-        check = offload.check(result, data.trials)
         if check is not None:
             extra["offload"] = check
         number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,

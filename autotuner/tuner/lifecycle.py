@@ -234,11 +234,11 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                                    f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
     # The first replay carries the lifetime's start and stop; each later one its own replay's time.
     result.duration_s = time.monotonic() - t_begin - sum(r.duration_s for r in replays[1:])
-    for replay in replays:
+    for number, replay in enumerate(replays, 1):
         log.info("trial.measured", outcome=replay.outcome, reason=replay.reason, flags=replay.flags,
                  output_tokens_per_s=replay.metric("output_tokens_per_s"),
                  ttft_p95_s=replay.metric("ttft_p95_s"), peak_fraction=replay.peak_fraction,
-                 foreign_mib=[round(f.bytes / MIB) for f in foreign], replay=replays.index(replay) + 1)
+                 foreign_mib=[round(f.bytes / MIB) for f in foreign], replay=number)
     return replays
 
 
