@@ -26,7 +26,7 @@ import structlog
 
 from autotuner.daemon.config import LoadedConfig
 from autotuner.daemon.drain import drain_plan, spare_gpus
-from autotuner.daemon.evidence import tune_changes
+from autotuner.daemon.evidence import tune_changes, twin_evidence
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
 from autotuner.daemon.keeper import Keeper
 from autotuner.daemon.known_good import KnownGoodChain
@@ -257,7 +257,8 @@ class CycleDriver:
         warm = cycle.warm_start if cycle.warm_start and cycle.warm_start != name else None
         interrupt = Interrupt(self.stopping)
         tuner = Tuner(scenario, runner, self.store, study_name=name, n_trials=self.config.tune.trials,
-                      timeout_s=self._tune_time(cycle), warm_start=warm, twin=self.config.tune.twin)
+                      timeout_s=self._tune_time(cycle), warm_start=warm, twin=self.config.tune.twin,
+                      twin_evidence=twin_evidence(scenario, cycle.evidence))
         self.tuner = tuner
         watcher = asyncio.ensure_future(self._watch_window(tuner, interrupt))
         self.study = name

@@ -9,12 +9,18 @@ scenario; they are stored with the cycle, so a resumed cycle tunes exactly what 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from autotuner.daemon.triggers import CRASH, MODEL_SWAP, OBSERVED_LENGTHS, OOM, histogram_of
 from autotuner.scenario import LengthSettings, Scenario
+from autotuner.tuner.space import build_space
+from autotuner.twin.calibrate import Observation
+from autotuner.twin.production import production_observation
 from autotuner.verify import CONTEXT_MARGIN_TOKENS
+from autotuner.vllm import FlagValue
 from autotuner.watch.drift import context_of
+from autotuner.watch.served import ServedWindow
 from autotuner.watch.snapshot import LengthHistogram
 
 # Triggers whose evidence may name the requests of the step that killed the engine.
@@ -114,3 +120,28 @@ def tune_changes(scenario: Scenario, trigger_kind: str, evidence: dict[str, Any]
                 exclude_none=True)
             changes["workload.requests.prompt_tokens"] = widened(base, lengths)
     return changes
+
+
+# The cycle's evidence key for what production served while the trigger fired (watch/served.py) and the
+# tuned flags it served it with: the twin's calibration with no downtime.
+SERVED = "served"
+
+
+def served_evidence(window: ServedWindow | None, flags: Mapping[str, FlagValue] | None,
+                    scenario: Scenario) -> dict[str, Any]:
+    """The cycle's evidence entry for production's served window: only the flags the tuner tunes (a config
+    file may hold anything, an API key among it), with their values as production ran them."""
+    if window is None or not flags:
+        return {}
+    space = build_space(scenario)
+    tuned = set(space.to_flags(space.clamp(flags)))
+    return {SERVED: {"window": window.as_dict(), "flags": {k: v for k, v in flags.items() if k in tuned}}}
+
+
+def twin_evidence(scenario: Scenario, evidence: Mapping[str, Any]) -> list[Observation]:
+    """Production's served window, as the cycle's twin observes it (none when it served another model)."""
+    served = evidence.get(SERVED)
+    if not isinstance(served, dict) or not isinstance(served.get("window"), dict):
+        return []
+    obs = production_observation(scenario, ServedWindow.from_dict(served["window"]), dict(served.get("flags") or {}))
+    return [obs] if obs is not None else []

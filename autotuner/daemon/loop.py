@@ -28,6 +28,7 @@ import structlog
 
 from autotuner.daemon.config import LoadedConfig, load_config
 from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
+from autotuner.daemon.evidence import served_evidence
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
 from autotuner.daemon.gpu_memory import production_foreign, production_free
 from autotuner.daemon.health import DOWN_GRACE_S, HealthWatch
@@ -447,7 +448,8 @@ class Daemon:
             self.states.note("mitigated", {"flags": result.flags, "source": result.source})
 
     async def start_cycle(self, trigger: Trigger, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> None:
-        cycle = self.states.begin(trigger.kind, trigger.evidence, identity(snap, gpus))
+        served = served_evidence(self.watch.served_window(), self.target.current(), self.production_scenario())
+        cycle = self.states.begin(trigger.kind, {**trigger.evidence, **served}, identity(snap, gpus))
         await self.drive(cycle)
 
     def own_traffic(self, start_s: float, end_s: float) -> None:

@@ -5,7 +5,6 @@ window) and with the clock (schedule). Probes come from `autotuner.watch`; nothi
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from autotuner.scenario import Scenario
 from autotuner.watch.drift import context_of, prompt_drift
 from autotuner.watch.oom import oom_lines
 from autotuner.watch.scheduler_dump import CrashStep, crash_steps
+from autotuner.watch.served import ServedWindow, same_lifetime, served_window
 from autotuner.watch.snapshot import GpuInfo, LengthHistogram, ProductionSnapshot
 
 MODEL_SWAP, ENGINE_UPGRADE, GPU_CHANGE, DRIFT, OOM, CRASH, KV_PRESSURE, SCHEDULE = (
@@ -31,6 +31,8 @@ _LOG_TAIL_BYTES = 1 << 20
 # A request's lengths reach /metrics when it finishes, about when its response ends: a snapshot taken this
 # soon after our own traffic ended may still be missing its last requests, so it is no baseline yet.
 OWN_TRAFFIC_SETTLE_S = 1.0
+# How far back the served window reaches (the twin's evidence of the config production runs, served.py).
+SERVED_WINDOW_S = 900.0
 # The crashing steps' lengths a trigger carries at most (a step schedules up to max-num-seqs requests).
 CRASH_PROMPTS_MAX = 512
 
@@ -51,16 +53,11 @@ def identity(snapshot: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> dict[st
 
 def histogram_dict(h: LengthHistogram | None) -> dict[str, Any] | None:
     """As JSON holds it: the last bucket's bound is "+Inf", as in the Prometheus text (JSON has no infinity)."""
-    if h is None:
-        return None
-    return {"buckets": [["+Inf" if math.isinf(le) else le, c] for le, c in h.buckets], "count": h.count, "sum": h.sum}
+    return None if h is None else h.as_dict()
 
 
 def histogram_of(data: dict[str, Any] | None) -> LengthHistogram | None:
-    if not data:
-        return None
-    return LengthHistogram(tuple((float(le), float(c)) for le, c in data["buckets"]), float(data["count"]),
-                           float(data["sum"]))
+    return LengthHistogram.from_dict(data) if data else None
 
 
 @dataclass
@@ -81,6 +78,8 @@ class TriggerWatch:
     crashes: list[CrashStep] = field(default_factory=list)
     # No drift baseline is taken before this time: until then production's counts hold our own traffic.
     quiet_after: float | None = None
+    # Production's recent snapshots of one lifetime and model, oldest first: its served window.
+    served: deque[ProductionSnapshot] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.log_offset = self._log_size()  # OOMs before we started are not news
@@ -120,6 +119,7 @@ class TriggerWatch:
         """After a cycle changed production: its past is another config's. `restarted=False` (the cycle
         never restarted production): what production logged meanwhile (an OOM) is still news."""
         self.history.clear()
+        self.served.clear()
         self.last = None
         self.kv_climb = 0
         self.down_since, self.down_fired = None, False
@@ -138,6 +138,8 @@ class TriggerWatch:
         self.quiet_after = settled if self.quiet_after is None else max(self.quiet_after, settled)
         while self.history and self.history[0][0] < settled:
             self.history.popleft()
+        while self.served and self.served[0].taken_at < settled:
+            self.served.popleft()
 
     def observe(self, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...], ref: dict[str, Any] | None,
                 scenario: Scenario, last_cycle_at: float | None, now: float | None = None) -> list[Trigger]:
@@ -167,7 +169,21 @@ class TriggerWatch:
         self.last = snap
         if snap.reachable:
             self.last_reachable = snap
+            self._keep_served(snap, now)
         return fired
+
+    def _keep_served(self, snap: ProductionSnapshot, now: float) -> None:
+        if self.quiet_after is not None and now < self.quiet_after:
+            return  # our own requests may still be arriving in these counts
+        if self.served and not same_lifetime(self.served[0], snap):
+            self.served.clear()  # a restart or another model since the oldest: its window starts now
+        self.served.append(snap)
+        while len(self.served) > 2 and self.served[1].taken_at <= now - SERVED_WINDOW_S:
+            self.served.popleft()
+
+    def served_window(self) -> ServedWindow | None:
+        """What production served over the last SERVED_WINDOW_S (None: not enough of it, in one lifetime)."""
+        return served_window(self.served[0], self.served[-1]) if len(self.served) > 1 else None
 
     def _health(self, snap: ProductionSnapshot, now: float, grace_s: float) -> list[Trigger]:
         fired = []

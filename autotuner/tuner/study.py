@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -46,8 +46,10 @@ from autotuner.tuner.space import FlagRules, build_space, fit_utilization_to_fre
 from autotuner.tuner.study_lock import StudyLock
 from autotuner.tuner.study_setup import open_study, study_name_for
 from autotuner.tuner.tune_summary import TuneSummary, group_labels, summarize
+from autotuner.twin.calibrate import Observation
 from autotuner.twin.guide import TwinGuide
 from autotuner.twin.params import PRIOR
+from autotuner.twin.production import STUDY_ATTR
 from autotuner.twin.warm import warm_prior
 
 log = structlog.get_logger(__name__)
@@ -59,7 +61,7 @@ class Tuner:
     def __init__(self, scenario: Scenario, runner: TrialRunner, store: Store, *, study_name: str | None = None,
                  n_trials: int | None = None, timeout_s: float | None = None, seed: int = 0,
                  on_event: Event | None = None, warm_start: str | None = None, prune: bool = True,
-                 gpu_groups: str | int = AUTO, twin: bool = False) -> None:
+                 gpu_groups: str | int = AUTO, twin: bool = False, twin_evidence: Sequence[Observation] = ()) -> None:
         self.scenario = scenario
         self.runner = runner
         self.store = store
@@ -80,6 +82,9 @@ class Tuner:
         self._measuring: set[asyncio.Future[TrialResult]] = set()
         self.gpu_groups = gpu_groups
         self.use_twin = twin  # twin-first search where the study has a twin (autotuner.twin)
+        # What the box showed outside this study (production's served window, in the daemon): the twin's
+        # calibration starts with it. Stored with the study when it is created, so a resume sees the same.
+        self.twin_evidence = list(twin_evidence)
         self.groups: list[GpuGroup] = []
         self._study_lock = asyncio.Lock()  # one ask or tell at a time (the sampler sees every RUNNING trial)
 
@@ -106,6 +111,8 @@ class Tuner:
         self.groups = plan_groups(self.scenario, self.gpu_groups)
         study, sampler = self._open_study()
         requeued = recover(study, self._opened.storage, self.store, self.study_name)
+        if self.use_twin and self.twin_evidence and STUDY_ATTR not in study.user_attrs:
+            study.set_user_attr(STUDY_ATTR, [o.as_dict() for o in self.twin_evidence])
         self.guide = self._twin()
         # With a twin, a warm start is the box's calibration (the twin's prior), not the old model's configs:
         # its first finalist is already predicted for the new model on this box.

@@ -10,6 +10,7 @@ searches as it always did.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 from autotuner.catalog.gpus import GPU_PRESETS, GpuSpec
 from autotuner.catalog.models import load_model
 from autotuner.errors import AutotunerError
-from autotuner.scenario import Scenario
+from autotuner.scenario import Scenario, WorkloadSettings
 from autotuner.sim.args import VllmArgError, build_config, parse_args
 from autotuner.trials.result import TrialResult
 from autotuner.twin.params import BoxParams
@@ -45,22 +46,28 @@ class TwinBox:
     scenario: Scenario
     preset: GpuSpec
     make_engine: EngineFactory
-    # One runner for every prediction (its synthetic requests are drawn once), and the predictions made,
-    # by flags and deviation: a fit and a search ask the same point again and again.
-    _runner: Any = field(default=None, compare=False, repr=False)
+    # One runner per workload for every prediction (its synthetic requests are drawn once), and the
+    # predictions made, by flags, deviation and workload: a fit and a search ask the same point again and again.
+    _runners: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     _memo: dict[tuple[Any, ...], TrialResult] = field(default_factory=dict, compare=False, repr=False)
 
-    def predict(self, flags: Mapping[str, FlagValue], params: BoxParams) -> TrialResult:
-        """What the twin says `flags` would do, as a trial result (memory, metrics, engine facts)."""
+    def predict(self, flags: Mapping[str, FlagValue], params: BoxParams,
+                workload: Mapping[str, Any] | None = None) -> TrialResult:
+        """What the twin says `flags` would do, as a trial result (memory, metrics, engine facts), on the
+        study's workload or on `workload` (workload settings as JSON: what production served)."""
         deviation = params.deviation()
-        key = (tuple(sorted((k, str(v)) for k, v in flags.items())), astuple(deviation))
+        load = "" if workload is None else json.dumps(workload, sort_keys=True)
+        key = (tuple(sorted((k, str(v)) for k, v in flags.items())), astuple(deviation), load)
         if key not in self._memo:
-            if self._runner is None:
-                object.__setattr__(self, "_runner", self.make_engine(self.scenario))
-            self._runner.gpu = params.on(self.preset)
+            runner = self._runners.get(load)
+            if runner is None:
+                scenario = self.scenario if workload is None else self.scenario.model_copy(
+                    update={"workload": WorkloadSettings.model_validate(workload)})
+                runner = self._runners[load] = self.make_engine(scenario)
+            runner.gpu = params.on(self.preset)
             if len(self._memo) > MEMO_SIZE:
                 self._memo.clear()
-            self._memo[key] = self._runner.evaluate(flags)
+            self._memo[key] = runner.evaluate(flags)
         return self._memo[key]
 
 

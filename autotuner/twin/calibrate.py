@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ Z95 = 1.96
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured trial, as the twin uses it."""
+    """One measured trial (or production's served window: twin/production.py), as the twin uses it."""
 
     number: int
     kind: str
@@ -60,10 +61,24 @@ class Observation:
     peak_bytes: int | None
     limit_fraction_total: int | None  # the card's total bytes (to place an OOM's bound)
     kv_cache_tokens: int | None
+    # The workload it ran (the scenario's workload settings as JSON); None: the study's own.
+    workload: dict[str, Any] | None = None
+    # Relative error per metric where it is not METRIC_SIGMA's (a p50 read from a coarse histogram).
+    sigma: dict[str, float] | None = None
 
     @property
     def served(self) -> bool:
-        return self.outcome == Outcome.OK and bool(self.metrics.get("output_tokens_per_s"))
+        return self.outcome == Outcome.OK and bool(self.metrics.get("output_tokens_per_s") or self.workload)
+
+    def sigma_of(self, metric: str) -> float:
+        return (self.sigma or {}).get(metric, METRIC_SIGMA[metric])
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Observation:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
 def observations(trials: Iterable[TrialRecord]) -> list[Observation]:
@@ -121,6 +136,7 @@ class Calibration:
     # Posterior covariance of the performance vector (params.PERF, as fitted: log, log, seconds); None
     # when no served trial informed it (the prior's own then).
     perf_cov: tuple[tuple[float, ...], ...] | None = None
+    served: int = 0  # observations the performance fit stood on (production's window among them)
 
     def perf_covariance(self) -> np.ndarray:
         if self.perf_cov is not None:
@@ -140,7 +156,10 @@ def calibrate(box: TwinBox, obs: Sequence[Observation], prior: BoxParams = PRIOR
     params = replace(prior, notes=[])
     params = _fit_non_torch(box, obs, params)
     params, peak = _fit_transient(box, obs, params)
-    served = [o for o in obs if o.served][-MAX_PERF_TRIALS:]
+    # Observations on a workload of their own (production's) are kept whatever their age; of the study's
+    # trials the latest.
+    served = [o for o in obs if o.served and o.workload is not None] + \
+        [o for o in obs if o.served and o.workload is None][-MAX_PERF_TRIALS:]
     cov = None
     if served:
         params, cov = _fit_perf(box, served, params, prior, start)
@@ -148,6 +167,10 @@ def calibrate(box: TwinBox, obs: Sequence[Observation], prior: BoxParams = PRIOR
     fits = []
     ratios: dict[str, list[float]] = {}
     for o in served:
+        if o.workload is not None:
+            # Production's throughput is mostly its arrival rate's (no test of the twin), and the bias
+            # corrects predictions of the study's workload: both from the study's own trials.
+            continue
         predicted = box.predict(o.flags, params).metrics
         guess = predicted.get("output_tokens_per_s")
         if guess:
@@ -159,7 +182,7 @@ def calibrate(box: TwinBox, obs: Sequence[Observation], prior: BoxParams = PRIOR
     # Shrunk towards 1 by one pseudo-observation: a single trial's noise is not a bias.
     bias = {name: math.exp(statistics.median(logs) * len(logs) / (len(logs) + 1)) for name, logs in ratios.items()}
     return Calibration(params, tuple(fits), peak, bias,
-                       None if cov is None else tuple(tuple(float(x) for x in row) for row in cov))
+                       None if cov is None else tuple(tuple(float(x) for x in row) for row in cov), len(served))
 
 
 def _fit_non_torch(box: TwinBox, obs: Sequence[Observation], params: BoxParams) -> BoxParams:
@@ -232,11 +255,11 @@ def _fit_transient(box: TwinBox, obs: Sequence[Observation], params: BoxParams) 
 def _residuals(box: TwinBox, served: Sequence[Observation], params: BoxParams) -> list[float]:
     out = []
     for o in served:
-        predicted = box.predict(o.flags, params)
-        for name, sigma in METRIC_SIGMA.items():
+        predicted = box.predict(o.flags, params, o.workload)
+        for name in METRIC_SIGMA:
             measured, guess = o.metrics.get(name), predicted.metrics.get(name)
             if measured and isinstance(guess, int | float) and guess > 0:
-                out.append(math.log(measured / guess) / sigma)
+                out.append(math.log(measured / guess) / o.sigma_of(name))
             elif measured:
                 out.append(0.0)  # the twin says it would not serve: no gradient from it
     return out

@@ -31,6 +31,7 @@ from autotuner.trials.scoring import counts_against_budget
 from autotuner.twin.box import EngineFactory, TwinBox, twin_box
 from autotuner.twin.calibrate import Calibration, calibrate, observations
 from autotuner.twin.params import PRIOR, BoxParams
+from autotuner.twin.production import PRODUCTION, stored
 from autotuner.twin.search import Candidate, SearchSpace, TwinSearch, key_of
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,7 @@ class TwinGuide:
     prior: BoxParams = PRIOR
     calibration: Calibration | None = None
     finalists: list[dict[str, Any]] = field(default_factory=list)  # number, predicted, measured, error
+    production: int = 0  # production's served windows it was calibrated on too (the daemon's)
 
     @classmethod
     def for_study(cls, scenario: Scenario, space: SearchSpace, store: Store, study_name: str, inventory: Sequence[str],
@@ -90,13 +92,15 @@ class TwinGuide:
             self.off_reason = why_off
             log.warning("twin.off", study=self.study_name, reason=why_off)
             return None
-        obs = observations(records)
+        served = stored(study.user_attrs)
+        self.production = len(served)
+        obs = served + observations(records)
         if not obs:
             return None
         self.calibration = calibrate(self.box, obs, self.prior,
                                      self.calibration.params if self.calibration else None)
         search = TwinSearch(self.box, self.scenario, self.space, self.calibration)
-        measured = [self.space.clamp(o.flags) for o in obs]
+        measured = [self.space.clamp(o.flags) for o in obs if o.kind != PRODUCTION]
         # Every point tried (screened ones too: the memory model refused them) or about to be.
         pending = [dict(t.params) for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING,
                                                                  TrialState.COMPLETE)]
@@ -130,7 +134,7 @@ class TwinGuide:
         return {"kind": TrialKind.TWIN, "twin_predicted": c.value, "twin_predicted_thr": thr,
                 "twin_feasible": c.feasible,
                 # served trials the calibration had: a prediction from the prior alone is no test of the twin
-                "twin_evidence": len(self.calibration.fits) if self.calibration else 0,
+                "twin_evidence": self.calibration.served if self.calibration else 0,
                 "twin_margin_gib": None if c.margin_bytes == float("inf") else round(c.margin_bytes / 2**30, 3)}
 
     def _finalists(self, trials: Sequence[optuna.trial.FrozenTrial], records: dict[int, Any]) -> list[dict[str, Any]]:
@@ -196,4 +200,5 @@ class TwinGuide:
         err = f", finalists' error p50 {statistics.median(errors):.1%}" if errors else ""
         if self.off_reason is not None:
             return f"twin: off — {self.off_reason}{err}"
-        return f"twin: {self.box.preset.name}, guided {len(self.finalists)} engine run(s){err}"
+        prod = f", calibrated on production's /metrics too ({self.production} window)" if self.production else ""
+        return f"twin: {self.box.preset.name}, guided {len(self.finalists)} engine run(s){err}{prod}"

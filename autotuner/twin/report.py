@@ -22,6 +22,7 @@ from autotuner.trials.outcomes import TrialKind
 from autotuner.twin.box import EngineFactory, twin_box
 from autotuner.twin.calibrate import calibrate, observations
 from autotuner.twin.params import BoxParams
+from autotuner.twin.production import PRODUCTION, stored
 
 METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_p50_s")
 
@@ -51,7 +52,8 @@ class TwinReport:
 
     @property
     def fit_error_p50(self) -> float | None:
-        errors = [abs(e) for r in self.rows if (e := r.error(self.objective)) is not None]
+        # Production's throughput is its arrival rate's: no test of the twin.
+        errors = [abs(e) for r in self.rows if r.kind != PRODUCTION and (e := r.error(self.objective)) is not None]
         return statistics.median(errors) if errors else None
 
     @property
@@ -78,7 +80,10 @@ def twin_report(store: Store, study: str, make_engine: EngineFactory) -> TwinRep
     if isinstance(box, str):
         return TwinReport(study, None, box)
     trials = store.trials(study)
-    obs = observations(trials)
+    # What the twin predicted when it queued a finalist is the trial's user attribute in the study, and
+    # production's served window (in the daemon) the study's.
+    optuna_study = optuna.load_study(study_name=study, storage=store.optuna_storage())
+    obs = stored(optuna_study.user_attrs) + observations(trials)
     objective = scenario.objectives[0].metric
     report = TwinReport(study, box.preset.name, None, objective=objective)
     if not obs:
@@ -86,12 +91,11 @@ def twin_report(store: Store, study: str, make_engine: EngineFactory) -> TwinRep
         return report
     calibration = calibrate(box, obs)
     report.params = calibration.params
-    # What the twin predicted when it queued a finalist is the trial's user attribute in the study.
-    stored = optuna.load_study(study_name=study, storage=store.optuna_storage())
-    queued = {t.number: t.user_attrs.get("twin_predicted") for t in stored.get_trials(deepcopy=False)}
+    queued = {t.number: t.user_attrs.get("twin_predicted") for t in optuna_study.get_trials(deepcopy=False)}
     for o in obs:
-        predicted = box.predict(o.flags, calibration.params).metrics
-        corrected = {m: float(v) * calibration.bias.get(m, 1.0) for m in METRICS
+        predicted = box.predict(o.flags, calibration.params, o.workload).metrics
+        bias = calibration.bias if o.workload is None else {}
+        corrected = {m: float(v) * bias.get(m, 1.0) for m in METRICS
                      if isinstance(v := predicted.get(m), int | float)}
         guess = queued.get(o.number) if o.kind == TrialKind.TWIN else None
         report.rows.append(TrialRow(o.number, o.kind, o.outcome, {m: o.metrics[m] for m in METRICS if m in o.metrics},
@@ -116,11 +120,12 @@ def render(report: TwinReport) -> list[str]:
                             ("non-torch memory", p.non_torch_gib, "GiB"),
                             ("transient scale", p.transient_scale, "×")):
         lines.append(f"  {name:22s} {est.value:8.4g} {unit:3s} [{est.low:.4g} – {est.high:.4g}]")
-    lines.append(f"{'#':>4} {'kind':9s} {'outcome':14s} {'out tok/s meas':>14s} {'twin':>8s} {'err':>7s} "
+    lines.append(f"{'#':>4} {'kind':10s} {'outcome':14s} {'out tok/s meas':>14s} {'twin':>8s} {'err':>7s} "
                  f"{'TTFT p95 meas':>13s} {'twin':>7s} {'queued at':>10s}")
     for r in report.rows:
         m, q = r.measured, r.queued_prediction
-        lines.append(f"{r.number:>4} {r.kind:9s} {r.outcome:14s} {_num(m.get('output_tokens_per_s')):>14s} "
+        number = str(r.number) if r.number >= 0 else "-"  # production's window is no trial
+        lines.append(f"{number:>4} {r.kind:10s} {r.outcome:14s} {_num(m.get('output_tokens_per_s')):>14s} "
                      f"{_num(r.predicted.get('output_tokens_per_s')):>8s} {_pct(r.error('output_tokens_per_s')):>7s} "
                      f"{_num(m.get('ttft_p95_s'), 's'):>13s} {_num(r.predicted.get('ttft_p95_s'), 's'):>7s} "
                      f"{_num(q):>10s}")

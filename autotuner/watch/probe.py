@@ -83,6 +83,8 @@ async def probe(endpoint: str, *, api_key_env: str | None = None, timeout_s: flo
         preemptions_total=scraped.get(names.counter_sample(names.NUM_PREEMPTIONS)),
         requests_running=scraped.get(names.NUM_REQUESTS_RUNNING),
         simulator=sim if isinstance(sim := version.get("simulator"), dict) else None,
+        ttft_s=length_histogram(scraped, names.TIME_TO_FIRST_TOKEN),
+        itl_s=length_histogram(scraped, names.INTER_TOKEN_LATENCY),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,16 @@ class LengthHistogram:
     buckets: tuple[tuple[float, float], ...]  # (le, cumulative count), ascending, +Inf last
     count: float
     sum: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """As JSON holds it: the last bucket's bound is "+Inf", as in the Prometheus text (JSON has no infinity)."""
+        return {"buckets": [["+Inf" if math.isinf(le) else le, c] for le, c in self.buckets], "count": self.count,
+                "sum": self.sum}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LengthHistogram:
+        return cls(tuple((float(le), float(c)) for le, c in data["buckets"]), float(data["count"]),
+                   float(data["sum"]))
 
     @property
     def mean(self) -> float | None:
@@ -93,3 +104,7 @@ class ProductionSnapshot:
     requests_running: float | None
     # `autotuner sim serve` says so in /version (its GPU preset, box size, speed-up); None for a real vLLM.
     simulator: dict[str, object] | None = None
+    # What production's requests saw, in seconds (vllm:time_to_first_token_seconds and
+    # vllm:inter_token_latency_seconds): with the lengths above, the twin's calibration with no downtime.
+    ttft_s: LengthHistogram | None = None
+    itl_s: LengthHistogram | None = None

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import optuna
 import pytest
 import sqlalchemy as sa
 
+from autotuner.daemon.evidence import SERVED
 from autotuner.daemon.state import cycles, events
+from autotuner.twin.calibrate import Observation
+from autotuner.twin.production import PRODUCTION, STUDY_ATTR
+from autotuner.watch.served import ServedWindow
 from tests.support.daemon import Deployment
 from tests.support.waiting import wait_for
 
@@ -89,7 +94,8 @@ def _polled_after(d: Deployment, at: float, polls: int = 1) -> None:
 def test_long_prompts_on_an_8192_context_fire_drift_and_the_retune_replays_them(deployment) -> None:
     t0 = time.monotonic()
     d = deployment(scenario=SCENARIO, initial=INITIAL, model=MODEL,
-                   daemon={"triggers": {"poll_interval_s": 1, "workload_drift": DRIFT}, "min_interval_s": 3600})
+                   daemon={"triggers": {"poll_interval_s": 1, "workload_drift": DRIFT}, "min_interval_s": 3600,
+                           "tune": {"trials": 6, "timeout": "5m", "confirm": "2x2", "soak": "20s", "twin": True}})
     d.start_daemon()
     wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
     _polled_after(d, time.time())  # a baseline of production's histogram before the traffic
@@ -111,6 +117,15 @@ def test_long_prompts_on_an_8192_context_fire_drift_and_the_retune_replays_them(
     assert evidence["p95_production"] > 5000 * 1.1, evidence
     assert evidence["ratio"] >= DRIFT["p95_ratio"], evidence
     assert evidence["requests"] == len(lengths), "the window holds exactly production's requests"
+    # The twin started from what production served (no engine run): the window and the flags it ran.
+    served = evidence[SERVED]
+    assert served["flags"] == {k: v for k, v in INITIAL.items() if k != "max-model-len"}, served
+    assert ServedWindow.from_dict(served["window"]).requests == len(lengths)
+    study = optuna.load_study(study_name=cycle["study_name"], storage=f"sqlite:///{d.root / 'autotuner.db'}")
+    [seen] = [Observation.from_dict(o) for o in study.user_attrs[STUDY_ATTR]]
+    assert seen.kind == PRODUCTION and seen.workload is not None
+    assert seen.workload["requests"]["prompt_tokens"]["low"] > 4095, seen.workload  # the long prompts it served
+    assert set(seen.metrics) >= {"ttft_p50_s"}, seen.metrics
     assert cycle["outcome"] == "deployed", cycle
     assert d.live_config() == d.running_config() == json.loads(cycle["candidate_flags"])
     # The reference follows the deploy (written just after the cycle ends): the tuned scenario is the yardstick.

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from autotuner.daemon.config import DriftSettings, ScheduleSettings, TriggerSettings
 from autotuner.daemon.evidence import observed_prompts, tune_changes
 from autotuner.daemon.triggers import (
@@ -142,3 +144,68 @@ def test_observed_lengths_survive_json_and_fit_the_context() -> None:
     assert observed_prompts(SC, {"prompt_tokens": histogram_dict(hist([0, 0, 0, 4, 0, 0]))}) == {
         "kind": "uniform", "low": 1500, "high": 2000}
     assert observed_prompts(SC, {"prompt_tokens": None}) is None
+
+
+def served_snap(at: float, requests: float, **changes: object) -> ProductionSnapshot:
+    """A snapshot `requests` finished requests into the engine's life, each 48 tokens out, TTFT 0.3 s."""
+    ttft = LengthHistogram(((0.25, 0.0), (0.5, requests), (float("inf"), requests)), requests, 0.3 * requests)
+    itl = LengthHistogram(((0.025, 0.0), (0.05, 47 * requests), (float("inf"), 47 * requests)), 47 * requests,
+                          0.035 * 47 * requests)
+    gen = LengthHistogram(((20.0, 0.0), (50.0, requests), (float("inf"), requests)), requests, 48.0 * requests)
+    return snap(taken_at=at, prompt_tokens=hist([0, 0, requests, 0, 0, 0]), generation_tokens=gen, ttft_s=ttft,
+                itl_s=itl, **changes)
+
+
+def test_the_served_window_spans_one_lifetime_and_none_of_our_own_traffic() -> None:
+    watch = TriggerWatch(TriggerSettings(workload_drift=None))
+    ref = identity(snap(), GPUS)
+    for at, n in ((100.0, 10), (200.0, 40), (300.0, 70)):
+        watch.observe(served_snap(at, n), GPUS, ref, SC, None, now=at)
+    window = watch.served_window()
+    assert window is not None
+    assert (window.start, window.end, window.requests) == (100.0, 300.0, 60)
+    assert window.request_rate == pytest.approx(0.3) and window.output_tokens_per_s == pytest.approx(0.3 * 48)
+    assert window.ttft_s.quantile(0.5) is not None and 0.25 < window.ttft_s.quantile(0.5) <= 0.5
+    # The daemon's own verify prompts until 350 s: no window may hold them.
+    watch.own_traffic(310.0, 350.0)
+    assert watch.served_window() is None
+    watch.observe(served_snap(350.5, 80), GPUS, ref, SC, None, now=350.5)  # not settled yet: skipped
+    for at, n in ((400.0, 90), (500.0, 120)):
+        watch.observe(served_snap(at, n), GPUS, ref, SC, None, now=at)
+    window = watch.served_window()
+    assert window is not None and (window.start, window.requests) == (400.0, 30)
+    # The engine restarted (its counters began again): the window starts with the new lifetime.
+    watch.observe(served_snap(600.0, 5), GPUS, ref, SC, None, now=600.0)
+    assert watch.served_window() is None
+    watch.observe(served_snap(700.0, 45), GPUS, ref, SC, None, now=700.0)
+    window = watch.served_window()
+    assert window is not None and (window.start, window.requests) == (600.0, 40)
+    # Older snapshots than the window's reach are dropped; too few requests make no window.
+    watch.observe(served_snap(700.0 + 2000, 50), GPUS, ref, SC, None, now=2700.0)
+    assert watch.served_window() is None
+    # After a cycle changed production, its past is another config's.
+    watch.observe(served_snap(2800.0, 90), GPUS, ref, SC, None, now=2800.0)
+    assert watch.served_window() is not None
+    watch.forget()
+    assert watch.served_window() is None
+
+
+def test_the_served_evidence_keeps_only_the_tuned_flags_and_survives_json() -> None:
+    import json
+
+    from autotuner.daemon.evidence import SERVED, served_evidence, twin_evidence
+    from autotuner.watch.served import served_window
+
+    window = served_window(served_snap(0.0, 0), served_snap(100.0, 50))
+    assert window is not None
+    live = {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.9, "api-key": "s3cret", "port": 8000}
+    evidence = json.loads(json.dumps(served_evidence(window, live, SC)))
+    assert evidence[SERVED]["flags"] == {"max-num-batched-tokens": 2048, "gpu-memory-utilization": 0.9}
+    assert "s3cret" not in json.dumps(evidence)
+    assert served_evidence(None, live, SC) == {} and served_evidence(window, None, SC) == {}
+    obs = twin_evidence(SC, evidence)
+    assert len(obs) == 1 and obs[0].flags == evidence[SERVED]["flags"]
+    assert obs[0].workload is not None and obs[0].workload["arrivals"] == {"kind": "poisson", "rate": 0.5}
+    # Production served another model than the cycle tunes: nothing to calibrate on.
+    other = SC.model_copy(update={"engine": SC.engine.model_copy(update={"model": "mistral-7b"})})
+    assert twin_evidence(other, evidence) == []
