@@ -67,6 +67,7 @@ class SoakVerdict:
     workload: str
     headroom_gib: list[float]
     finished_at: float
+    after_confirm: bool = False  # on the engine of its last confirmation run (no start of its own)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -80,7 +80,8 @@ class Verification:
             out.append("soak: not run")
         else:
             room = min(s.get("headroom_gib") or [0.0])
-            out.append(f"soak: {'passed' if s['passed'] else 'FAILED'} (trial {s['trial']}), "
+            out.append(f"soak: {'passed' if s['passed'] else 'FAILED'} (trial {s['trial']}"
+                       + (", on the engine of its last confirmation run" if s.get("after_confirm") else "") + "), "
                        f"{seconds(s.get('duration_s'))} of {s['workload']}; peak {percent(s.get('peak_fraction'))}, "
                        f"least headroom {room:.2f} GiB, TTFT p99 {seconds(s.get('ttft_p99_s'))}, "
                        f"ITL p99 {seconds(s.get('itl_p99_s'))}" + (f" — {s['reason']}" if s.get("reason") else ""))

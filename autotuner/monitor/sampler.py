@@ -176,6 +176,11 @@ class Sampler:
         return self._last
 
     @property
+    def peak_so_far(self) -> list[int]:
+        """Per device, the peak since start(): where one part of a run ends and the next begins."""
+        return list(self._peak)
+
+    @property
     def threshold_event(self) -> ThresholdEvent | None:
         return self._event
 

@@ -109,7 +109,8 @@ def print_confirm(report: ConfirmReport) -> None:
 
 def print_soak(report: SoakReport) -> None:
     for v in report.verdicts:
-        head = f"soak of trial {v.original} (trial {v.trial}): {'passed' if v.passed else 'FAILED'}"
+        where = ", on the engine of its last confirmation run" if v.after_confirm else ""
+        head = f"soak of trial {v.original} (trial {v.trial}{where}): {'passed' if v.passed else 'FAILED'}"
         duration = "-" if v.duration_s is None else f"{v.duration_s:.0f} s"
         room = ", ".join(f"GPU {i} {h:.2f} GiB" for i, h in enumerate(v.headroom_gib)) or "-"
         p99 = (f"TTFT p99 {v.ttft_p99_s:.3f} s" if v.ttft_p99_s is not None else "TTFT p99 -") + \
@@ -148,10 +149,17 @@ async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: 
     if plan.top == 0:
         return None, None
     ctx = TrustContext(store, study_name, runner, scenario, runner_for, on_event or (lambda _k, _d: None))
-    confirmed = await confirm(ctx, plan.top, plan.repeats, replays=plan.replays)
+    confirmed = await confirm(ctx, plan.top, plan.repeats, replays=plan.replays,
+                              soak_s=duration_s if duration_s > 0 else None)
     if confirmed.confirmed_best is None or duration_s <= 0:
         return confirmed, None
-    return confirmed, await soak(ctx, duration_s)
+    done = confirmed.soaked
+    if done is not None and done.passed and done.original == confirmed.confirmed_best:
+        return confirmed, SoakReport(study_name, [done])  # soaked on its last confirmation's engine
+    soaked = await soak(ctx, duration_s)
+    if done is not None and not done.passed:  # the failure that moved the soak on, first
+        soaked.verdicts.insert(0, done)
+    return confirmed, soaked
 
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP", "ConfirmPlan", "after_tune", "parse_confirm", "run_confirm", "run_soak"]

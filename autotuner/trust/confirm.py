@@ -26,16 +26,19 @@ import structlog
 from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
-from autotuner.analysis.evidence import Confirmation, confirmations, soaks
+from autotuner.analysis.evidence import Confirmation, SoakVerdict, confirmations, soaks
 from autotuner.analysis.lifetimes import replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
 from autotuner.analysis.study_data import StudyData
+from autotuner.errors import UserInputError
+from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
 from autotuner.trust import offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
+from autotuner.trust.soak import record_soak, soak_scenario
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +57,9 @@ class ConfirmReport:
     lifetimes: int = 0  # engine starts (runs counts replays)
     replays: list[int] = field(default_factory=list)  # replays asked of each lifetime, per round
     split: dict[str, float] = field(default_factory=dict)  # objective → within-lifetime share of the spread
+    # The soak run on the engine of the last round's leader, after its confirmation replays (no start of
+    # its own); None when there was none (not asked, or the runner cannot serve two workloads in a lifetime).
+    soaked: SoakVerdict | None = None
 
     @property
     def changed(self) -> bool:
@@ -93,16 +99,19 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
 
 
 async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, report: ConfirmReport,
-                    t: TrialRecord, rep: int, replays: int, budget: int) -> None:
+                    t: TrialRecord, rep: int, replays: int, budget: int, then: SoakPlan | None = None) -> None:
     """One engine lifetime of `t`'s configuration, its replays each recorded as a confirm run (`data`: the
-    study as confirmation found it, for the offload check's reference footprints)."""
+    study as confirmation found it, for the offload check's reference footprints); with `then`, the soak
+    on the same engine after them."""
     params = ctx.space.clamp(t.flags)
     flags = ctx.space.to_flags(params)
     ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1, "budget": budget, "flags": flags,
                            "kind": "confirm"})
     started = time.time()
-    results = await ctx.runner.run_lifetime(flags, replays)
+    results = await ctx.runner.run_lifetime(flags, replays, then=then.scenario if then is not None else None)
     report.lifetimes += 1
+    soaked = results[replays] if then is not None and len(results) > replays else None
+    results = results[:replays]
     # The weights were loaded once: one offload check per lifetime (it reads the engine's log).
     check = offload.check(results[0], data.trials)
     for k, result in enumerate(results):
@@ -120,6 +129,38 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
                                   "reason": result.reason, "flags": result.flags,
                                   "feasible": result.outcome == "ok",
                                   "values": [result.metrics.get(m) for m, _ in data.objectives]})
+    if soaked is not None and then is not None:
+        log.info("soak.after_confirm", study=ctx.study_name, original=t.trial_number, workload=then.text)
+        report.soaked = record_soak(ctx, study, t.trial_number, flags, soaked, then.text, started, after_confirm=True)
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    scenario: Scenario
+    text: str
+
+
+def _leader_last(ctx: TrustContext, raced: list[TrialRecord], policy: str,
+                 soak_s: float) -> tuple[list[TrialRecord], SoakPlan | None]:
+    """The last round's order with the confirmed best so far last, and the soak its engine serves after
+    its replays: when it holds, its verified lifetime is already under way."""
+    data = ctx.data()
+    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), confirmations(data.trials),
+                               soaks(data.trials))
+    alive = {t.trial_number: t for t in raced}
+    leader = next((alive[t.trial_number] for t in ranked if t.trial_number in alive), None)
+    if leader is None and len(raced) == 1:  # too few runs yet for a ranking: the only one left
+        leader = raced[0]
+    if leader is None:
+        return raced, None
+    flags = ctx.space.to_flags(ctx.space.clamp(leader.flags))
+    round_s = leader.metrics.get("e2e_p95_s")
+    try:
+        scenario, text = soak_scenario(ctx.scenario, flags, soak_s,
+                                       float(round_s) if isinstance(round_s, int | float) else None)
+    except UserInputError:
+        return raced, None  # the soak itself says why, on its own engine
+    return [t for t in raced if t is not leader] + [leader], SoakPlan(scenario, text)
 
 
 def _replays_after_two_rounds(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
@@ -162,7 +203,9 @@ def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list
 
 
 async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFAULT_REPEATS,
-                  policy: str = "knee", replays: int = DEFAULT_REPLAYS) -> ConfirmReport:
+                  policy: str = "knee", replays: int = DEFAULT_REPLAYS, soak_s: float | None = None) -> ConfirmReport:
+    """`soak_s`: the last round measures the confirmed best so far last, and its engine then serves the
+    soak for this long (soak.py): one engine start fewer when it stays the best."""
     data = ctx.data()
     analysis = analyse(data, combine(data.scenario.slos, []))
     candidates = pick(analysis, top)
@@ -192,8 +235,12 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         if rep == 2 and per_lifetime > 1:
             per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
+        plan = None
+        if soak_s and rep == repeats - 1:
+            raced, plan = _leader_last(ctx, raced, policy, soak_s)
         for t in raced:  # interleaved: A B C A B C …
-            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, repeats * len(measured))
+            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, repeats * len(measured),
+                            plan if t is raced[-1] else None)
     if max(report.replays, default=1) > 1:
         _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
     data = ctx.data()

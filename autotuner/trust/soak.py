@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import optuna
 import structlog
 
 from autotuner.analysis.candidates import analyse
@@ -171,20 +172,28 @@ async def soak(ctx: TrustContext, duration_s: float = DEFAULT_DURATION_S, flags:
         log.info("soak.started", study=ctx.study_name, original=original, workload=text, duration_s=duration_s)
         started = time.time()
         result = await runner.run(candidate)
-        verdict = verdict_of(result, ctx.scenario, original, text)
-        params = ctx.space.clamp({**ctx.scenario.engine.flags, **candidate})
-        number = record(study, ctx.store, ctx.scenario, ctx.space, kind="soak", original=original, params=params,
-                        result=result, started=started, extra={"soak": verdict})
-        v = SoakVerdict(**{**verdict, "trial": number})
+        v = record_soak(ctx, study, original, candidate, result, text, started)
         report.verdicts.append(v)
-        log.info("soak.finished", study=ctx.study_name, number=number, original=original, passed=v.passed,
-                 reason=v.reason, peak_fraction=v.peak_fraction, headroom_gib=v.headroom_gib,
-                 ttft_p99_s=v.ttft_p99_s, itl_p99_s=v.itl_p99_s, duration_s=v.duration_s)
-        ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
-                                  "reason": v.reason, "flags": result.flags, "feasible": v.passed,
-                                  "values": [result.metrics.get(o.metric) for o in ctx.scenario.objectives]})
         if v.passed:
             break
         log.warning("soak.failed", study=ctx.study_name, original=original, reason=v.reason,
                     note="the next confirmed candidate is soaked instead" if flags is None else None)
     return report
+
+
+def record_soak(ctx: TrustContext, study: optuna.Study, original: int, candidate: Mapping[str, FlagValue],
+                result: TrialResult, workload: str, started: float, after_confirm: bool = False) -> SoakVerdict:
+    """The soak run as a trial of kind `soak` with its verdict (`after_confirm`: on the engine of the
+    configuration's last confirmation run, not one of its own)."""
+    verdict = {**verdict_of(result, ctx.scenario, original, workload), "after_confirm": after_confirm}
+    params = ctx.space.clamp({**ctx.scenario.engine.flags, **candidate})
+    number = record(study, ctx.store, ctx.scenario, ctx.space, kind="soak", original=original, params=params,
+                    result=result, started=started, extra={"soak": verdict})
+    v = SoakVerdict(**{**verdict, "trial": number})
+    log.info("soak.finished", study=ctx.study_name, number=number, original=original, passed=v.passed,
+             reason=v.reason, peak_fraction=v.peak_fraction, headroom_gib=v.headroom_gib,
+             ttft_p99_s=v.ttft_p99_s, itl_p99_s=v.itl_p99_s, duration_s=v.duration_s, after_confirm=after_confirm)
+    ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
+                              "reason": v.reason, "flags": result.flags, "feasible": v.passed,
+                              "values": [result.metrics.get(o.metric) for o in ctx.scenario.objectives]})
+    return v

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -94,9 +95,12 @@ async def measure_lifetime(
     port: int | None = None,
     monitor: MemoryMonitor | None = None,
     pruner: Pruner | None = None,
+    then: Scenario | None = None,
 ) -> list[TrialResult]:
     """`measure`, replaying the workload up to `runs` times on one engine: one result per replay that
-    ran (fewer when a replay did not end ok: the engine is not asked for more)."""
+    ran (fewer when a replay did not end ok: the engine is not asked for more). With `then` (the same
+    engine under another workload: the soak), once every replay ended ok the engine serves `then`'s
+    workload too, its result last: the replays' peak is theirs, the last result's the lifetime's."""
     phase = on_phase or (lambda _p: None)
     registry = registry or EngineRegistry()
     backend = backend_for(scenario)
@@ -115,7 +119,7 @@ async def measure_lifetime(
             log.warning("engine.orphans_stopped", process_groups=reaped)
         if locks is not None:
             foreign = await foreign_within_allowance(scenario, monitor, registry, bool(reaped))
-        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign, pruner, runs)
+        return await _run(scenario, plan, monitor, holder, registry, log_dir, phase, foreign, pruner, runs, then)
     finally:
         monitor.close()
         if locks is not None:
@@ -138,7 +142,7 @@ class _Abort:
 
 async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, holder: _Engine,
                registry: EngineRegistry, log_dir: Path, phase: Phase, foreign: list[ForeignMemory],
-               pruner: Pruner | None, runs: int = 1) -> list[TrialResult]:
+               pruner: Pruner | None, runs: int = 1, then: Scenario | None = None) -> list[TrialResult]:
     t_begin = time.monotonic()
     private_dir(log_dir)  # engine logs hold what the engine printed: the run's details
     log_path = log_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{plan.port}.log"
@@ -148,6 +152,8 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
     if warning:
         result.warnings.append(warning)
     replays = [result]
+    soak: TrialResult | None = None
+    replays_peak: list[int] | None = None  # per device, the peak when the soak began
 
     loop = asyncio.get_running_loop()
     tripped = asyncio.Event()
@@ -193,6 +199,14 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                 t_replay = time.monotonic()
                 await serve_and_replay(scenario, plan, engine, again, tripped, abort.event, phase, pruner)
                 again.duration_s = time.monotonic() - t_replay
+            if then is not None and len(replays) == runs and replays[-1].outcome == Outcome.OK \
+                    and not tripped.is_set() and not abort.event.is_set() and engine.returncode is None:
+                # What happens from here on (an OOM, a crash) is the soak's, not the replays' before it.
+                replays_peak = sampler.peak_so_far
+                soak = _next_replay(result)
+                t_soak = time.monotonic()
+                await serve_and_replay(then, plan, engine, soak, tripped, abort.event, phase, None)
+                soak.duration_s = time.monotonic() - t_soak
     except MonitorError as exc:
         monitor_error = str(exc)
     finally:
@@ -215,11 +229,14 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
     except MonitorError as exc:
         released, release_error = True, str(exc)  # nothing to wait on; said below
     # What ended the lifetime ends each of its replays: the peak is the lifetime's, and a replay that
-    # finished ok before the engine failed was measured on an engine that then failed.
-    for replay in replays:
-        _finish(replay, engine, summary, tripped.is_set())
-        _foreign_record(replay, foreign, summary)
-        if abort.outcome is not None and abort.reason is not None:
+    # finished ok before the engine failed was measured on an engine that then failed. With a soak after
+    # them, the replays end where it began: their peak is the one reached until then.
+    parts = [(r, summary if replays_peak is None else _until(summary, replays_peak), replays_peak is None)
+             for r in replays] + ([(soak, summary, True)] if soak is not None else [])
+    for replay, seen, ended in parts:
+        _finish(replay, engine, seen, tripped.is_set() and ended, ended)
+        _foreign_record(replay, foreign, seen)
+        if ended and abort.outcome is not None and abort.reason is not None:
             replay.outcome, replay.reason, replay.infrastructure = abort.outcome, abort.reason, True
             replay.metrics = {}
         elif (monitor_error is not None or summary is None) and \
@@ -233,6 +250,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
             replay.warnings.append(f"GPU memory not back to its pre-launch level within "
                                    f"{scenario.engine.release_timeout_s:g} s after the engine stopped")
     # The first replay carries the lifetime's start and stop; each later one its own replay's time.
+    replays += [soak] if soak is not None else []
     result.duration_s = time.monotonic() - t_begin - sum(r.duration_s for r in replays[1:])
     for number, replay in enumerate(replays, 1):
         log.info("trial.measured", outcome=replay.outcome, reason=replay.reason, flags=replay.flags,
@@ -309,7 +327,18 @@ def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None
         result.infrastructure = True
 
 
-def _finish(result: TrialResult, engine: EngineProcess, summary: MemorySummary | None, tripped: bool) -> None:
+def _until(summary: MemorySummary | None, peak: list[int]) -> MemorySummary | None:
+    """The lifetime's summary as it stood when its peak was `peak` (before the soak began)."""
+    if summary is None:
+        return None
+    fraction = max((p / t for p, t in zip(peak, summary.total_bytes, strict=True) if t > 0), default=0.0)
+    return replace(summary, peak_bytes=list(peak), peak_fraction=fraction, threshold_event=None)
+
+
+def _finish(result: TrialResult, engine: EngineProcess, summary: MemorySummary | None, tripped: bool,
+            ended: bool = True) -> None:
+    """`ended`: the engine's end (a failure after ready, a crash) is this result's; not for replays that
+    finished before a soak on the same engine began."""
     facts = engine.facts
     result.engine.update(version=facts.version, kv_cache_tokens=facts.kv_cache_tokens,
                          model_load_gib=facts.model_load_gib, max_num_batched_tokens=facts.max_num_batched_tokens)
@@ -334,7 +363,7 @@ def _finish(result: TrialResult, engine: EngineProcess, summary: MemorySummary |
                          f"{event.total_bytes / 2**30:.2f} GiB (threshold {event.limit_bytes / 2**30:.2f} GiB)"
                          if event is not None else "memory crossed the OOM threshold")
         return
-    if result.outcome != Outcome.OK:
+    if result.outcome != Outcome.OK or not ended:
         return
     if facts.failure is not None and facts.failure_after_ready:
         result.outcome, result.reason = facts.failure, facts.reason

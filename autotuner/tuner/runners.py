@@ -46,10 +46,12 @@ class TrialRunner(ABC):
         scenario's GPUs. `pruner`: asked during the workload whether the trial is hopeless (None:
         never stopped early)."""
 
-    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
-                           on_phase: Phase | None = None) -> list[TrialResult]:
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int, on_phase: Phase | None = None,
+                           then: Scenario | None = None) -> list[TrialResult]:
         """Up to `runs` replays of the workload on one engine lifetime (fewer once one does not end ok).
-        A runner that cannot replay within a lifetime runs once."""
+        With `then` (another workload for the same flags: the soak), once all `runs` ended ok the same
+        engine serves it as well: its result is the one after the first `runs`. A runner that cannot
+        replay within a lifetime runs once (and never `then`: the caller starts its own engine for it)."""
         return [await self.run(flags, on_phase)]
 
     @abstractmethod
@@ -90,10 +92,10 @@ class MeasureRunner(TrialRunner):
         return await measure(scenario, flags, log_dir=self.log_dir, registry=self.registry, on_phase=on_phase,
                              pruner=pruner)
 
-    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
-                           on_phase: Phase | None = None) -> list[TrialResult]:
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int, on_phase: Phase | None = None,
+                           then: Scenario | None = None) -> list[TrialResult]:
         return await measure_lifetime(self.scenario, flags, runs=runs, log_dir=self.log_dir, registry=self.registry,
-                                      on_phase=on_phase)
+                                      on_phase=on_phase, then=then)
 
     def study_key(self) -> StudyKey:
         return backend_study_key(backend_for(self.scenario), self.scenario)
@@ -157,8 +159,8 @@ class VirtualRunner(TrialRunner):
         # (the daemon's /status, the live view, other trials' heartbeats).
         return await asyncio.to_thread(self.evaluate, flags, pruner)
 
-    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int,
-                           on_phase: Phase | None = None) -> list[TrialResult]:
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int, on_phase: Phase | None = None,
+                           then: Scenario | None = None) -> list[TrialResult]:
         # The simulated engine's noise is drawn once per lifetime (sim/noise.py): without `within`, replays
         # within one lifetime measure alike, which is what confirmation must be able to see.
         first = await self.run(flags, on_phase)
@@ -168,6 +170,10 @@ class VirtualRunner(TrialRunner):
                 out.append(copy.deepcopy(first))
             else:
                 out.append(await asyncio.to_thread(self.evaluate, flags, None, len(out)))
+        if then is not None and len(out) == runs and out[-1].outcome == Outcome.OK:
+            # The same lifetime (its draw) under the other workload.
+            other = VirtualRunner(then, first_run=self.runs, gpu=self.gpu, within=self.within)
+            out.append(await asyncio.to_thread(other.evaluate, flags, None, len(out)))
         return out
 
     def evaluate(self, flags: Mapping[str, FlagValue], pruner: pruning.Pruner | None = None,

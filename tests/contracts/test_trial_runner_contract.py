@@ -19,7 +19,8 @@ what one promises, both must keep:
 - `study_key()` is stable and changes with the workload or the model, not with the study's budget;
 - `run_lifetime(flags, n)` replays the workload up to n times on one engine: n results of a safe candidate,
   each serving every request and carrying the lifetime's memory peak, nothing left afterwards; a lifetime
-  that fails is one failed result, never asked for more.
+  that fails is one failed result, never asked for more; with `then` (the soak) the same engine serves
+  another workload after the n replays, whose failure (past the wall) is its own, not the replays before it.
 
 Each trial is tiny: the quickstart case at tensor parallel 2, four short requests, the simulator 100x.
 One (runner, candidate) trial is run once per module and its observations shared by the clauses on it.
@@ -353,3 +354,19 @@ def test_a_failing_lifetime_is_not_replayed(kind: str, tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, kind, "replays-over")
     results = asyncio.run(make_runner(scenario, tmp_path).run_lifetime(dict(OVER_THRESHOLD), 3))
     assert [r.outcome for r in results] == [Outcome.OOM_THRESHOLD]
+
+
+def test_a_lifetime_then_serves_another_workload_whose_failure_is_its_own(kind: str, tmp_path: Path) -> None:
+    """Confirmation's last run and the soak on one engine: short prompts, then prompts of 4000 tokens whose
+    full steps cross the wall at a budget the short ones never fill."""
+    short = tiny_scenario(tmp_path, kind, "short", workload__requests__prompt_tokens={"kind": "fixed", "value": 200})
+    long = tiny_scenario(tmp_path, kind, "long", workload__requests__prompt_tokens={"kind": "fixed", "value": 4000})
+    held = asyncio.run(make_runner(short, tmp_path).run_lifetime(dict(SAFE), 1, then=long))
+    assert [r.outcome for r in held] == [Outcome.OK] * 2, [r.reason for r in held]
+    assert all(r.metrics["completed"] == REQUESTS and r.metrics["failed"] == 0 for r in held)
+    assert held[0].peak_fraction is not None and held[1].peak_fraction is not None
+    assert held[0].peak_fraction <= held[1].peak_fraction  # the replays' peak is theirs, the soak's the lifetime's
+    over = asyncio.run(make_runner(short, tmp_path).run_lifetime(dict(OVER_THRESHOLD), 1, then=long))
+    assert [r.outcome for r in over] == [Outcome.OK, Outcome.OOM_THRESHOLD], [r.reason for r in over]
+    assert over[0].peak_fraction is not None and over[0].peak_fraction < THRESHOLD <= (over[1].peak_fraction or 0)
+    assert EngineRegistry().entries() == [] and not any(_gpu_bytes_settled(short))

@@ -80,3 +80,23 @@ def test_soak_catches_an_oom_on_long_prompts_and_export_holds_the_survivor(tmp_p
     rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.count("│") > 5}
     for verdict in (first, second):
         assert rows[str(verdict.trial)].split("│")[4].strip() == "re-run", rows[str(verdict.trial)]
+
+
+def test_the_soak_runs_on_the_confirmed_bests_last_confirmation_engine(tmp_path: Path) -> None:
+    """The last round measures the leader last and its engine then serves the soak: when the leader holds,
+    the soak costs no engine start of its own, and the certificate says where it ran."""
+    t = tune(tmp_path, scenario(), trials=4)
+    confirmed, soaked = t.trust(top=2, repeats=2, soak_s=60)
+    assert confirmed is not None and soaked is not None and confirmed.soaked is not None
+    [verdict] = soaked.verdicts
+    assert verdict.passed and verdict.after_confirm and verdict.original == confirmed.confirmed_best
+    rows = t.store.trials(t.study)
+    last_confirm = max(r.trial_number for r in rows if r.kind == "confirm")
+    soak_row = next(r for r in rows if r.kind == "soak")
+    assert soak_row.trial_number > last_confirm  # recorded after the confirmation run whose engine it shared
+    confirms_of_best = [r for r in rows if r.kind == "confirm" and r.result.get("confirms") == verdict.original]
+    assert confirms_of_best[-1].result.get("lifetime") == 2  # the best's last lifetime, its replays before the soak
+    # Engine starts of the trust phase: the confirmation's alone.
+    out = tmp_path / "w.yaml"
+    assert run_export(t.storage, None, [], "knee", "yaml", out, force=False) == 0
+    assert "on the engine of its last confirmation run" in out.read_text()
