@@ -23,6 +23,11 @@ the ground truth it is judged against.
   runs it (`confirm` of DEFAULT_TOP × DEFAULT_REPEATS with its references, racing, then the soaks),
   measured; `trust_unraced` is what confirmation would have cost without racing (every configuration
   confirmed measured DEFAULT_REPEATS times).
+- prod (`--production`): the twin, started as the daemon starts it, with production's served window: a
+  simulator process serving the box file as production, vLLM's defaults, Poisson arrivals of the
+  scenario's prompts at half the defaults' capacity (60 requests), read from its /metrics before and after
+  (twin/production.py). Where the defaults do not start (the offload box), there is no production.
+  `first_err`: the twin's first finalist's |predicted / measured - 1|, with and without the window.
 - swap: the 4090 box's study of llama-3-8b, then mistral-7b on the same box, twin-first warm-started
   from the first study (its box calibration) against cold: engine runs to reach 0.97 of mistral's oracle.
 
@@ -35,6 +40,7 @@ import argparse
 import asyncio
 import hashlib
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +57,7 @@ import yaml
 from optuna.trial import TrialState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support.sim: production as a process
 from sample_efficiency import (
     CACHE_DIR,
     Evaluator,
@@ -72,6 +79,7 @@ from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_T
 from autotuner.trust.commands import ConfirmPlan, after_tune
 from autotuner.tuner.runners import VirtualRunner
 from autotuner.tuner.study import Tuner
+from autotuner.twin.calibrate import Observation
 
 BOX_DIR = CACHE_DIR / "boxes"
 
@@ -167,6 +175,7 @@ class Study:
     converged_at: int | None  # engine runs when the twin said it was done
     trust_starts: int = 0  # engine runs of confirmation (raced) and soak
     trust_unraced: int = 0  # what they would have been with every configuration confirmed R times
+    first_err: float | None = None  # the twin's first finalist: |predicted / measured - 1|
 
 
 def _quiet() -> None:
@@ -175,9 +184,11 @@ def _quiet() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
-def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: Box | None = None) -> Study:
+def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: Box | None = None,
+              evidence: list[Observation] | None = None) -> Study:
     _quiet()
-    store = Store(f"sqlite:///{tmp}/{box.name}-s{seed}-t{int(twin)}-w{int(warm_from is not None)}.db")
+    store = Store(f"sqlite:///{tmp}/{box.name}-s{seed}-t{int(twin)}-w{int(warm_from is not None)}"
+                  f"-p{int(bool(evidence))}.db")
     warm = None
     if warm_from is not None:
         first = on_box(warm_from)
@@ -187,7 +198,7 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
         warm = old.study_name
     scenario = on_box(box)
     tuner = Tuner(scenario, VirtualRunner(scenario, first_run=10_000 * seed), store, n_trials=runs, seed=seed,
-                  twin=twin, warm_start=warm)
+                  twin=twin, warm_start=warm, twin_evidence=evidence or ())
     summary = asyncio.run(tuner.run())
     study = optuna.load_study(study_name=tuner.study_name, storage=store.optuna_storage())
     done = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
@@ -197,6 +208,10 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
                       t.user_attrs.get("metric:output_tokens_per_s"), t.user_attrs.get("metric:ttft_p95_s"))
                 for t in launched]
     converged = len(launched) if summary.ended == "twin-converged" else None
+    first = next((t for t in launched if t.user_attrs.get("kind") == "twin"), None)
+    first_err = (abs(first.user_attrs["twin_predicted"] / first.user_attrs["metric:output_tokens_per_s"] - 1)
+                 if first is not None and first.user_attrs.get("feasible")
+                 and isinstance(first.user_attrs.get("twin_predicted"), float) else None)
     confirmed, soaked = asyncio.run(after_tune(
         scenario, store, tuner.study_name, tuner.runner,
         lambda sc: VirtualRunner(sc, first_run=10_000 * seed + 9_000),
@@ -204,7 +219,7 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
     soaks = len(soaked.verdicts) if soaked is not None else 0
     raced = confirmed.lifetimes if confirmed is not None else 0
     unraced = len(confirmed.candidates + confirmed.references) * DEFAULT_REPEATS if confirmed is not None else 0
-    return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks)
+    return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks, first_err)
 
 
 def scenario_flags(params: dict[str, Any]) -> dict[str, Any]:
@@ -243,31 +258,87 @@ def oracle_of(box: Box, ev: Evaluator) -> tuple[float, str]:
     return ev.points[best].throughput or 0.0, best
 
 
-def _box_job(box: Box, seeds: list[int], runs: int, tmp: str) -> dict[str, Any]:
+def production(box: Box, tmp: str) -> list[Observation] | str:
+    """Production's served window on the box (vLLM's defaults under half their capacity), as the daemon
+    hands it to the cycle's twin; or why there is none."""
+    from autotuner.backends.sim import sim_argv
+    from autotuner.twin.production import production_observation
+    from autotuner.vllm import flag_argv
+    from autotuner.watch.probe import probe
+    from autotuner.watch.served import served_window
+    from autotuner.workload.client import StreamingClient, http_client
+    from autotuner.workload.replay import replay
+    from autotuner.workload.request_spec import RequestSpec
+    from autotuner.workload.spec import Arrivals, LengthDist, SyntheticRequests, WorkloadSpec
+    from tests.support.sim import start_sim
+
+    exact = on_box(box, noise=0.0)
+    defaults = VirtualRunner(exact).evaluate({})
+    capacity = defaults.metrics.get("requests_per_s")
+    if defaults.outcome != "ok" or not capacity:
+        return f"vLLM's defaults do not serve on this box ({defaults.outcome})"
+    speedup = 50.0
+    served = on_box(box)
+    served = served.model_copy(update={"engine": served.engine.model_copy(update={
+        "sim": served.engine.sim.model_copy(update={"speedup": speedup})})})
+    args = [served.engine.model, *flag_argv(served.engine.flags), *sim_argv(served, speedup=True)]
+    os.environ.update(served.engine.resolved_env())  # the scenario's engine environment (a long context)
+    server = start_sim(args, Path(tmp) / f"prod-{box.name}.log", timeout=120)
+    try:
+        rng = __import__("random").Random(7)
+        r = served.workload.requests
+        prompts, outputs = LengthDist(**r.prompt_tokens.model_dump()), LengthDist(**r.output_tokens.model_dump())
+        n = 60
+        reqs = [RequestSpec(f"r{i} " + " ".join(["word"] * max(1, prompts.sample(rng) - 2)), None,
+                            outputs.sample(rng)) for i in range(n)]
+        spec = WorkloadSpec(SyntheticRequests(n, LengthDist("fixed", value=1), LengthDist("fixed", value=1)),
+                            Arrivals("poisson", rate=0.5 * float(capacity), time_scale=speedup), seed=3)
+
+        async def run() -> Any:
+            before = await probe(server.url)
+            async with http_client() as http:
+                await replay(spec, reqs, StreamingClient(http, server.url, served.engine.model, ignore_eos=True))
+            return served_window(before, await probe(server.url))
+
+        window = asyncio.run(run())
+    finally:
+        server.kill_group()
+    if window is None:
+        return "no window (too few requests finished)"
+    obs = production_observation(served, window, {})
+    return [obs] if obs is not None else "production served another model"
+
+
+def _box_job(box: Box, seeds: list[int], runs: int, tmp: str, prod: bool = False) -> dict[str, Any]:
     _quiet()
     ev = Evaluator(f"twin-{box.name}", on_box(box, noise=0.0))
     oracle, best = oracle_of(box, ev)
     out: dict[str, Any] = {"oracle": oracle, "oracle_key": best, "twin": [], "tuner": []}
+    evidence = production(box, tmp) if prod else "not asked (--production)"
+    methods = ("twin", "tuner") + (("prod",) if not isinstance(evidence, str) else ())
+    out["prod_none"] = evidence if isinstance(evidence, str) else None
+    out["prod"] = []
     for seed in seeds:
-        for method in ("twin", "tuner"):
+        for method in methods:
             t0 = time.perf_counter()
-            s = run_study(box, seed, runs, method == "twin", tmp)
+            s = run_study(box, seed, runs, method != "tuner", tmp,
+                          evidence=evidence if method == "prod" and not isinstance(evidence, str) else None)
             out[method].append({"keys": s.keys, "measured": [(p.outcome, p.feasible, p.throughput, p.ttft)
                                                              for p in s.measured],
                                 "twin": s.twin_ended, "converged_at": s.converged_at,
                                 "trust": s.trust_starts, "trust_unraced": s.trust_unraced,
-                                "wall_s": time.perf_counter() - t0})
+                                "first_err": s.first_err, "wall_s": time.perf_counter() - t0})
     walk = run_walk(ev.scenario, ev, runs)
     out["walk"] = max(((p.throughput or 0.0) / oracle for p in walk if p.feasible), default=0.0)
     # Every pick scored noise-free (the evaluator caches).
-    for method in ("twin", "tuner"):
+    for method in methods:
         for rec in out[method]:
             s = Study(rec["keys"], [Point(*m) for m in rec["measured"]], rec["twin"], rec["converged_at"])
             rec["scores"] = {n: true_score(ev, pick_at(s, n), oracle) for n in range(1, runs + 1)}
             rec["ooms"] = sum(m[0] in OOM_OUTCOMES for m in rec["measured"])
             final = pick_at(s, len(s.keys))
             first = s.keys.index(final) + 1 if final else len(s.keys)
-            rec["search_starts"] = max(first, rec["converged_at"] or 0) if method == "twin" else first
+            rec["search_starts"] = max(first, rec["converged_at"] or 0) if method != "tuner" else first
     ev.save()
     return out
 
@@ -298,6 +369,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--boxes", nargs="+", default=[b.name for b in BOXES], choices=[b.name for b in BOXES])
     parser.add_argument("--no-swap", action="store_true")
+    parser.add_argument("--production", action="store_true",
+                        help="also the twin started from production's served window (the daemon's)")
     args = parser.parse_args()
     _quiet()
     t0 = time.perf_counter()
@@ -308,15 +381,19 @@ def main() -> None:
         swap = None if args.no_swap else pool.submit(_swap_job, seeds, args.runs, tmp)
         results = dict(zip([b.name for b in boxes],
                            pool.map(_box_job, boxes, [seeds] * len(boxes), [args.runs] * len(boxes),
-                                    [tmp] * len(boxes)), strict=True))
+                                    [tmp] * len(boxes), [args.production] * len(boxes)), strict=True))
         swapped = swap.result() if swap is not None else None
 
     rows: dict[str, dict[str, float]] = {}
     for name, r in results.items():
         row: dict[str, float] = {}
         print(f"\n== {name}: oracle {r['oracle']:.1f} tok/s at {r['oracle_key']} (budget|util|offload)")
-        for method in ("twin", "tuner"):
+        if args.production and r["prod_none"]:
+            print(f"prod   none: {r['prod_none']}")
+        for method in ("twin", "tuner", "prod"):
             recs = r[method]
+            if not recs:
+                continue
             for n in at:
                 if n <= args.runs:
                     row[f"{method}@{n}"] = med([rec["scores"][min(n, len(rec["keys"]))] if rec["keys"] else 0.0
@@ -329,7 +406,10 @@ def main() -> None:
             print(f"{method:6s} {scores}  oom_runs={row[f'{method}_oom']:.1f}  starts_to_verified="
                   f"{row[f'{method}_starts']:.0f} (trust {row[f'{method}_trust']:.0f}, unraced "
                   f"{row[f'{method}_unraced']:.0f})  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
-            if method == "twin":
+            if method != "tuner":
+                errs = [rec["first_err"] for rec in recs if rec.get("first_err") is not None]
+                row[f"{method}_first_err"] = med(errs)
+                print(f"       first finalist's error p50 {row[f'{method}_first_err']:.3f}")
                 for rec in recs:
                     print(f"       {rec['twin']}")
         row["walk@12"] = r["walk"]
@@ -347,6 +427,12 @@ def main() -> None:
     print("\nper box: " + "; ".join(f"{n} twin@6={r['twin@6']:.3f} tuner@6={r['tuner@6']:.3f}"
                                      for n, r in rows.items()))
     print(f"total {time.perf_counter() - t0:.0f} s, {args.seeds} seeds x {len(rows)} boxes, {args.runs} runs")
+    prod_rows = {n: r for n, r in rows.items() if "prod@4" in r}
+    if prod_rows:
+        print("production window: " + "; ".join(
+            f"{n} prod@4={r['prod@4']:.3f} twin@4={r['twin@4']:.3f} first_err {r['prod_first_err']:.3f} vs "
+            f"{r['twin_first_err']:.3f} starts {r['prod_starts']:.0f} vs {r['twin_starts']:.0f}"
+            for n, r in prod_rows.items()))
     print(f"twin@4={worst('twin@4'):.3f} twin@6={worst('twin@6'):.3f} tuner@6={worst('tuner@6'):.3f} "
           f"twin@12={worst('twin@12'):.3f} tuner@12={worst('tuner@12'):.3f} walk@12={best_walk:.3f} "
           f"oom_runs_per_study={max(r['twin_oom'] for r in rows.values()):.1f} "

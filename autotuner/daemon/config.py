@@ -147,9 +147,10 @@ class TuneSettings(_Model):
     confirm: str = "3x3"
     soak: str = "10m"
     policy: str = "knee"
-    # Twin-first search (autotuner.twin): the cycle measures the calibrated twin's finalists, so a re-tune
-    # drains production for fewer engine runs.
-    twin: bool = False
+    twin: bool = Field(default=False, description=(
+        "twin-first search (docs/twin.md): the cycle measures only the finalists of a simulator calibrated "
+        "on this box, production's served window from /metrics included, so a re-tune drains production "
+        "for fewer engine runs"))
 
     @field_validator("timeout", "soak", mode="before")
     @classmethod

@@ -16,13 +16,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.twin.calibrate import METRIC_SIGMA, Observation
-from autotuner.watch.served import ServedWindow
-from autotuner.watch.snapshot import LengthHistogram
+
+
+class Histogram(Protocol):
+    """A Prometheus histogram of the window (watch/snapshot.py's LengthHistogram)."""
+
+    @property
+    def mean(self) -> float | None: ...
+    def quantile(self, q: float, upper: float | None = None) -> float | None: ...
+    def bucket_width_at(self, value: float) -> float: ...
+
+
+class ServedWindow(Protocol):
+    """What production served over a window (watch/served.py's ServedWindow, read by the daemon's
+    watcher; the twin sits below it and asks only for this)."""
+
+    model: str | None
+    max_model_len: int | None
+
+    @property
+    def prompt_tokens(self) -> Histogram: ...
+    @property
+    def generation_tokens(self) -> Histogram: ...
+    @property
+    def ttft_s(self) -> Histogram: ...
+    @property
+    def itl_s(self) -> Histogram: ...
+    @property
+    def request_rate(self) -> float: ...
+
 
 PRODUCTION = "production"  # an observation's kind: production's served window, no trial
 # Requests the twin replays for production's workload: its p50s then hardly depend on the draw of the
@@ -30,7 +57,7 @@ PRODUCTION = "production"  # an observation's kind: production's served window, 
 REQUESTS = 200
 
 
-def _p50_and_sigma(hist: LengthHistogram, base: float) -> tuple[float, float] | None:
+def _p50_and_sigma(hist: Histogram, base: float) -> tuple[float, float] | None:
     value = hist.quantile(0.5)
     if value is None or not math.isfinite(value) or value <= 0:
         return None
