@@ -112,7 +112,9 @@ def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
                 "claim_err": abs(claim - ours_m) / ours_m if claim and ours_m else None,
                 "naive_claim_err": abs(float(naive.metrics[THROUGHPUT]) - naive_m) / naive_m if naive_m else None,
                 "changed": picked.single_shot is not None,
-                "starts": (confirmed.lifetimes if confirmed else 0) + (len(soaked.verdicts) if soaked else 0),
+                # A soak on the engine of the winner's last confirmation run starts none of its own.
+                "starts": (confirmed.lifetimes if confirmed else 0)
+                + (sum(not v.after_confirm for v in soaked.verdicts) if soaked else 0),
                 "replays": confirmed.replays if confirmed else [],
                 "soak_caught": bool(soaked and any(not v.passed for v in soaked.verdicts))}
 
