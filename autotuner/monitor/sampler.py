@@ -175,10 +175,10 @@ class Sampler:
     def last_sample(self) -> list[int] | None:
         return self._last
 
-    @property
-    def peak_so_far(self) -> list[int]:
-        """Per device, the peak since start(): where one part of a run ends and the next begins."""
-        return list(self._peak)
+    def mark(self) -> tuple[float, list[int]]:
+        """Where one part of a run ends and the next begins: the seconds since start() of the last
+        sample, and per device the peak until then."""
+        return self._last_t, list(self._peak)
 
     @property
     def threshold_event(self) -> ThresholdEvent | None:

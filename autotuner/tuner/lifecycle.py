@@ -153,7 +153,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
         result.warnings.append(warning)
     replays = [result]
     soak: TrialResult | None = None
-    replays_peak: list[int] | None = None  # per device, the peak when the soak began
+    replays_end: tuple[float, list[int]] | None = None  # when the soak began, and the peak until then
 
     loop = asyncio.get_running_loop()
     tripped = asyncio.Event()
@@ -202,7 +202,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
             if then is not None and len(replays) == runs and replays[-1].outcome == Outcome.OK \
                     and not tripped.is_set() and not abort.event.is_set() and engine.returncode is None:
                 # What happens from here on (an OOM, a crash) is the soak's, not the replays' before it.
-                replays_peak = sampler.peak_so_far
+                replays_end = sampler.mark()
                 soak = _next_replay(result)
                 t_soak = time.monotonic()
                 await serve_and_replay(then, plan, engine, soak, tripped, abort.event, phase, None)
@@ -231,7 +231,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
     # What ended the lifetime ends each of its replays: the peak is the lifetime's, and a replay that
     # finished ok before the engine failed was measured on an engine that then failed. With a soak after
     # them, the replays end where it began: their peak is the one reached until then.
-    parts = [(r, summary if replays_peak is None else _until(summary, replays_peak), replays_peak is None)
+    parts = [(r, summary if replays_end is None else _until(summary, *replays_end), replays_end is None)
              for r in replays] + ([(soak, summary, True)] if soak is not None else [])
     for replay, seen, ended in parts:
         _finish(replay, engine, seen, tripped.is_set() and ended, ended)
@@ -327,12 +327,14 @@ def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None
         result.infrastructure = True
 
 
-def _until(summary: MemorySummary | None, peak: list[int]) -> MemorySummary | None:
-    """The lifetime's summary as it stood when its peak was `peak` (before the soak began)."""
+def _until(summary: MemorySummary | None, t_s: float, peak: list[int]) -> MemorySummary | None:
+    """The lifetime's summary as it stood `t_s` after the sampler started, its peak then `peak` (when the
+    soak began)."""
     if summary is None:
         return None
     fraction = max((p / t for p, t in zip(peak, summary.total_bytes, strict=True) if t > 0), default=0.0)
-    return replace(summary, peak_bytes=list(peak), peak_fraction=fraction, threshold_event=None)
+    return replace(summary, peak_bytes=list(peak), peak_fraction=fraction, threshold_event=None,
+                   timeline=[point for point in summary.timeline if point[0] <= t_s])
 
 
 def _finish(result: TrialResult, engine: EngineProcess, summary: MemorySummary | None, tripped: bool,

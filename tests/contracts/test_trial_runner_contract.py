@@ -366,6 +366,9 @@ def test_a_lifetime_then_serves_another_workload_whose_failure_is_its_own(kind: 
     assert all(r.metrics["completed"] == REQUESTS and r.metrics["failed"] == 0 for r in held)
     assert held[0].peak_fraction is not None and held[1].peak_fraction is not None
     assert held[0].peak_fraction <= held[1].peak_fraction  # the replays' peak is theirs, the soak's the lifetime's
+    if kind == "sim":  # a process is sampled over time: the replays' timeline ends where the soak began
+        ends = [max(t for t, _ in r.memory["timeline"]) for r in held]  # type: ignore[union-attr]
+        assert ends[0] < ends[1]
     over = asyncio.run(make_runner(short, tmp_path).run_lifetime(dict(OVER_THRESHOLD), 1, then=long))
     assert [r.outcome for r in over] == [Outcome.OK, Outcome.OOM_THRESHOLD], [r.reason for r in over]
     assert over[0].peak_fraction is not None and over[0].peak_fraction < THRESHOLD <= (over[1].peak_fraction or 0)
