@@ -65,6 +65,16 @@ def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int] | None:
     return None if df == 0 else (math.sqrt(squares / df), df)
 
 
+def next_high(values: list[float]) -> float | None:
+    """The upper 97.5 % prediction bound of one more draw (mean + t·s·√(1 + 1/n)): what the next run may
+    reach, which a bound on the mean (`interval`) does not say. None below two values."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        return None
+    n = len(finite)
+    return statistics.fmean(finite) + t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n)
+
+
 def interval(values: list[float]) -> Interval | None:
     """None without a value; one value gives a zero-width interval (nothing to say about spread)."""
     finite = [v for v in values if math.isfinite(v)]

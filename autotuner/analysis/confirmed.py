@@ -34,7 +34,7 @@ def confirmation_problem(trial: TrialRecord, confirmation: Confirmation, scenari
     threshold = scenario.oom_threshold.fraction or 0.97
     if confirmation.peak_bound is not None and confirmation.peak_bound >= threshold:
         return (f"memory peak up to {confirmation.peak_bound:.1%} (worst seen {confirmation.worst_peak_fraction:.1%}, "
-                f"or its upper 95 % bound) ≥ threshold {threshold:.0%}")
+                f"or what the next engine start may reach) ≥ threshold {threshold:.0%}")
     total = confirmation.completed_requests + confirmation.failed_requests
     if total and confirmation.failed_requests / total > MAX_FAILED_SHARE:
         return f"{confirmation.failed_requests} requests failed over its confirmation runs"

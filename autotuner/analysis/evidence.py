@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.analysis.lifetimes import lifetime_means, lifetime_of
-from autotuner.stats import Interval, interval
+from autotuner.stats import Interval, interval, next_high
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
 
@@ -29,7 +29,10 @@ class Confirmation:
     bad_runs: list[str] = field(default_factory=list)  # "trial N: outcome — reason" of runs not ok
     intervals: dict[str, Interval] = field(default_factory=dict)
     worst_peak_fraction: float | None = None  # over the original and every confirmation run
-    peak_bound: float | None = None  # the larger of the worst peak and the peaks' upper 95 % bound
+    # The larger of the worst peak and what the next engine start's peak may reach (upper 97.5 % prediction
+    # bound over the lifetimes' peaks): a bound on their mean would pass a config that runs out of memory
+    # in every other start as long as the starts seen were lucky.
+    peak_bound: float | None = None
     failed_requests: int = 0
     completed_requests: int = 0
     offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
@@ -102,8 +105,8 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
             peaks.append(by_number[original].memory.get("peak_fraction"))
         seen = [float(p) for p in peaks if isinstance(p, int | float)]
         c.worst_peak_fraction = max(seen) if seen else None
-        peak_iv = interval(seen)
-        c.peak_bound = max([*seen, peak_iv.high]) if seen and peak_iv is not None else None
+        reach = next_high(seen)
+        c.peak_bound = max([*seen, *([reach] if reach is not None else [])]) if seen else None
         c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
         c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
         checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from autotuner.analysis.evidence import confirmations
 from autotuner.analysis.lifetimes import lifetime_means, replays_pay, split
 from autotuner.analysis.racing import beaten
+from autotuner.stats import t975
 from autotuner.store.db import TrialRecord
 from autotuner.trust.commands import ConfirmPlan, after_tune, runner_factory
 from autotuner.tuner.runners import VirtualRunner
@@ -68,6 +70,28 @@ def test_a_lifetimes_copies_do_not_narrow_the_peak_bound() -> None:
     assert c.worst_peak_fraction == 0.90
     fewer = confirmations([row(1, 100.0, peak=0.88), rows[0], rows[2]])[1]
     assert c.peak_bound == fewer.peak_bound, "the replay's copy of its lifetime's peak counted as evidence"
+
+
+def test_the_peak_bound_is_what_the_next_engine_start_may_reach() -> None:
+    """Four starts all under the 97 % threshold, spread so that their mean is known to within a few
+    tenths of a percent but the next start is not: the bound is the next start's (a prediction bound), so
+    the configuration does not stand; the same peaks packed tightly do."""
+    from autotuner.analysis.confirmed import confirmation_problem
+    from tests.support.virtual_studies import scenario
+
+    spread = [row(1, 100.0, peak=0.955)] + [row(10 + i, 100.0, 1, i + 1, peak=p)
+                                             for i, p in enumerate((0.962, 0.948, 0.960))]
+    c = confirmations(spread)[1]
+    assert c.worst_peak_fraction is not None and c.worst_peak_fraction < 0.97
+    mean = statistics.fmean([0.955, 0.962, 0.948, 0.960])
+    assert mean + t975(3) * statistics.stdev([0.955, 0.962, 0.948, 0.960]) / 2 < 0.97  # the mean's bound passes
+    assert c.peak_bound is not None and c.peak_bound >= 0.97
+    sc = scenario()
+    why = confirmation_problem(spread[0], c, sc, [])
+    assert why is not None and "next engine start" in why
+    tight = [row(1, 100.0, peak=0.955)] + [row(10 + i, 100.0, 1, i + 1, peak=p)
+                                            for i, p in enumerate((0.956, 0.954, 0.955))]
+    assert confirmation_problem(tight[0], confirmations(tight)[1], sc, []) is None
 
 
 @pytest.mark.parametrize("seed", range(5))
