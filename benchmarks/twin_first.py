@@ -293,6 +293,8 @@ def production(box: Box, tmp: str) -> list[Observation] | str:
         "flags": {**served.engine.flags, **flags}, "sim": served.engine.sim.model_copy(update={"speedup": speedup})})})
     args = [served.engine.model, *flag_argv(served.engine.flags), *sim_argv(served, speedup=True)]
     os.environ.update(served.engine.resolved_env())  # the scenario's engine environment (a long context)
+    # Each box's production its own simulated GPUs: two jobs serve two boxes at once.
+    os.environ["AUTOTUNER_SIM_STATE_DIR"] = str(Path(tmp) / f"sim-state-{box.name}")
     server = start_sim(args, Path(tmp) / f"prod-{box.name}.log", timeout=120)
     try:
         rng = __import__("random").Random(7)
