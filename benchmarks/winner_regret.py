@@ -10,8 +10,8 @@ Per seed (the sampler's and the simulator's): the real `Tuner` for `--trials` tr
 is what `select` picks from single measurements (policy max-throughput, the scenario's SLOs); then the
 trust phase of `tune` (confirm 3x3, soak 10 min) and ours is what `select` picks after it (the export
 refuses when nothing is verified: counted as `refused`). Each winner is re-measured 10 times on a fresh
-simulator seed. The best config is the study's SLO-feasible configuration with the highest noise-free
-throughput; its true mean is its own 10 fresh re-measurements.
+simulator seed, at the study's noise level. The best config is the study's SLO-feasible configuration
+with the highest noise-free throughput; its true mean is its own 10 fresh re-measurements.
 
 - regret10: share of seeds whose winner's re-measured mean throughput is ≥ 10 % below the best
   config's true mean (a refused export counts as no regret and is reported apart).
@@ -103,9 +103,13 @@ def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
                 truth.append((r.metrics.get(THROUGHPUT) or 0.0, flags))
         fresh = 1_000_000 + 10 * (offset + seed)
         best_flags = max(truth, key=lambda x: x[0])[1] if truth else searched(naive.flags, sc)
-        best = remeasure(base, best_flags, fresh)
-        naive_m = remeasure(base, searched(naive.flags, sc), fresh + 1)
-        ours_m = remeasure(base, searched(picked.chosen.flags, sc), fresh + 2)
+        # Re-measured in the world the study ran in (its noise level: the allocator's jitter scales with it),
+        # not the scenario's own, which would call a config at the memory edge unsafe that the study could
+        # only have seen safe.
+        world = with_sim(base, noise=noise)
+        best = remeasure(world, best_flags, fresh)
+        naive_m = remeasure(world, searched(naive.flags, sc), fresh + 1)
+        ours_m = remeasure(world, searched(picked.chosen.flags, sc), fresh + 2)
         c = picked.confirmation
         claim = c.intervals[THROUGHPUT].mean if c is not None and THROUGHPUT in c.intervals else None
         return {"case": case, "seed": seed, "best": best, "naive": naive_m, "ours": ours_m, "refused": refused,
@@ -114,7 +118,7 @@ def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
                 "changed": picked.single_shot is not None,
                 # A soak on the engine of the winner's last confirmation run starts none of its own.
                 "starts": (confirmed.lifetimes if confirmed else 0)
-                + (sum(not v.after_confirm for v in soaked.verdicts) if soaked else 0),
+                + (sum(not getattr(v, "after_confirm", False) for v in soaked.verdicts) if soaked else 0),
                 "replays": confirmed.replays if confirmed else [],
                 "soak_caught": bool(soaked and any(not v.passed for v in soaked.verdicts))}
 
