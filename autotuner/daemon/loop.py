@@ -448,7 +448,9 @@ class Daemon:
             self.states.note("mitigated", {"flags": result.flags, "source": result.source})
 
     async def start_cycle(self, trigger: Trigger, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> None:
-        served = served_evidence(self.watch.served_window(), self.target.current(), self.production_scenario())
+        # Production's served window is the twin's evidence: read (the live config, the space) only for it.
+        served = served_evidence(self.watch.served_window(), self.target.current(), self.production_scenario()) \
+            if self.config.tune.twin else {}
         cycle = self.states.begin(trigger.kind, {**trigger.evidence, **served}, identity(snap, gpus))
         await self.drive(cycle)
 

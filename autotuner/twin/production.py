@@ -3,8 +3,8 @@
 While production serves, the daemon's watcher keeps a window of what it served (watch/served.py): the
 request rate, the prompt and output lengths, the TTFT and inter-token latency its requests saw. With the
 flags production runs, that is one more measured trial of this box, on a workload of its own: the twin
-predicts the served config under Poisson arrivals at the observed rate, prompts spread over the observed
-middle, outputs at their mean, and is fitted to the observed TTFT p50 and inter-token latency p50
+predicts the served config under Poisson arrivals at the observed rate, prompts around their exact mean,
+outputs at their mean, and is fitted to the observed TTFT p50 and inter-token latency p50
 (against its TPOT p50: one token's gap, the same step time).
 
 The histograms are coarse (TTFT buckets 0.1, 0.25, 0.5 s …): a p50 read from one is known to within its
