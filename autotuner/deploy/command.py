@@ -15,7 +15,6 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from autotuner.deploy.base import DeployError, FileBacked, last_lines, run_argv
 from autotuner.deploy.spec import CommandSpec
 from autotuner.engine.registry import EngineRegistry, autotuner_home, engine_processes, stop_processes
 from autotuner.private_files import append_binary
-from autotuner.proc_identity import create_time, listening_tree
+from autotuner.proc_identity import clock, create_time, listening_tree
 from autotuner.secrets import child_environment
 
 LOG_TAIL_BYTES = 16384
@@ -94,7 +93,7 @@ class CommandTarget(FileBacked):
             except OSError as exc:
                 raise DeployError(f"start: cannot run {argv[0]!r} ({exc.strerror}); give an executable, e.g. its "
                                   "absolute path") from exc
-            child = Supervised(proc, create_time(proc.pid) or time.time(), self.log_path, offset)
+            child = Supervised(proc, create_time(proc.pid) or clock(), self.log_path, offset)
             try:
                 self.registry.add(proc.pid, argv[0], child.leader_create_time)
             except BaseException:

@@ -21,7 +21,7 @@ import psutil
 from autotuner.engine.classify import LogFacts
 from autotuner.engine.registry import EngineRegistry, engine_processes, stop_processes
 from autotuner.private_files import append_binary
-from autotuner.proc_identity import create_time
+from autotuner.proc_identity import clock, create_time
 
 TAIL_LINES = 200
 
@@ -79,7 +79,7 @@ class EngineProcess:
                 start_new_session=True,
             )
             try:
-                self._leader_create_time = create_time(self._proc.pid) or self._started_at
+                self._leader_create_time = create_time(self._proc.pid) or clock()
                 self._members[self._proc.pid] = self._leader_create_time
                 self.registry.add(self._proc.pid, self.argv[0], self._leader_create_time)
             except BaseException:

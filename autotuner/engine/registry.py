@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import structlog
 
-from autotuner.proc_identity import CREATE_TIME_TOLERANCE_S, create_time, live_process, same_start
+from autotuner.proc_identity import CREATE_TIME_TOLERANCE_S, clock, create_time, live_process, same_start
 
 log = structlog.get_logger("autotuner.engine")
 
@@ -68,12 +68,13 @@ class LaunchIntent:
     token: str
     owner_pid: int
     owner_create_time: float
-    started_at: float
+    started_at: float  # on the create-time clock (`proc_identity.clock`): the engine started after it
 
 
 def group_members(pgid: int, not_before: float | None = None) -> list[int]:
-    """Live (non-zombie) processes of a process group, optionally only those started since a time
-    (an inspection helper; killing goes through `engine_processes`)."""
+    """Live (non-zombie) processes of a process group, optionally only those started since a time on
+    the create-time clock, `proc_identity.clock` (an inspection helper; killing goes through
+    `engine_processes`)."""
     members = []
     for proc in psutil.process_iter(["pid", "create_time", "status"]):
         try:
@@ -147,7 +148,7 @@ class EngineRegistry:
 
     def add(self, pgid: int, argv0: str, leader_create_time: float | None = None) -> EngineEntry:
         me = os.getpid()
-        leader = leader_create_time if leader_create_time is not None else create_time(pgid) or time.time()
+        leader = leader_create_time if leader_create_time is not None else create_time(pgid) or clock()
         entry = EngineEntry(pgid, leader, me, create_time(me) or 0.0, time.time(), argv0, [[pgid, leader]])
         self._write(entry)
         return entry
@@ -157,7 +158,7 @@ class EngineRegistry:
         """Announce a spawn: yields `env` with the launch token. Spawn and `add` inside the block; the
         announcement goes when the block ends, so a tuner killed in between leaves it for `reap_orphans`."""
         me = os.getpid()
-        intent = LaunchIntent(secrets.token_hex(16), me, create_time(me) or 0.0, time.time())
+        intent = LaunchIntent(secrets.token_hex(16), me, create_time(me) or 0.0, clock())
         path = self.root / f"{intent.token}.launch"
         self._write_json(path, asdict(intent))
         try:

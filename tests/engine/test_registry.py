@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 import pytest
 
-from autotuner.engine.registry import LAUNCH_ENV, EngineEntry, EngineRegistry, LaunchIntent
+from autotuner.engine.registry import LAUNCH_ENV, EngineEntry, EngineRegistry
 from autotuner.proc_identity import CREATE_TIME_TOLERANCE_S
 
 
@@ -101,26 +100,42 @@ def carrier(token: str) -> subprocess.Popen[bytes]:
                             env={**os.environ, LAUNCH_ENV: token})
 
 
+DYING_TUNER = """
+import os, subprocess, sys
+from pathlib import Path
+from autotuner.engine.registry import EngineRegistry
+code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \\
+       "time.sleep(60)"
+with EngineRegistry(Path(sys.argv[1])).launching(dict(os.environ)) as env:
+    engine = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(engine.pid, flush=True)
+    os._exit(0)  # as SIGKILL would: the announcement stays, the engine is on no record
+"""
+
+
 def test_an_engine_spawned_but_not_yet_recorded_when_its_tuner_died_is_stopped(registry: EngineRegistry) -> None:
-    """SIGKILL between spawn and entry: only the launch's announcement names the engine."""
-    owner, owner_ctime = dead_pid()
-    started = time.time()
-    engine = carrier("a" * 32)
+    """SIGKILL between spawn and entry: only the launch's announcement names the engine. The tuner
+    announces through `launching` itself, so the announcement's time is the one the reaper compares
+    with the engine's create time (psutil's clock lags the wall clock by up to a second: an engine
+    once outlived its reaper because its leader seemed to predate its own launch)."""
+    tuner = subprocess.run([sys.executable, "-c", DYING_TUNER, str(registry.root.parent)], capture_output=True,
+                           text=True, timeout=60)
+    engine = psutil.Process(int(tuner.stdout))
     try:
         deadline = time.monotonic() + 10
-        while len(psutil.Process(engine.pid).children()) < 1 and time.monotonic() < deadline:
+        while len(engine.children()) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        tree = [engine.pid] + [c.pid for c in psutil.Process(engine.pid).children()]
+        tree = [engine.pid] + [c.pid for c in engine.children()]
         assert len(tree) == 2, "the engine never forked its worker"
-        registry._write_json(registry.root / f"{'a' * 32}.launch",
-                             asdict(LaunchIntent("a" * 32, owner, owner_ctime, started - 1)))
+        assert len(list(registry.root.glob("*.launch"))) == 1, "the dead tuner's announcement is on disk"
         assert registry.reap_orphans(grace_s=1) == [engine.pid]
-        assert engine.wait(timeout=5) is not None
+        engine.wait(timeout=5)
         assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         assert not list(registry.root.glob("*.launch")), "the announcement outlived the reaping"
         assert set(tree) <= registry.recently_stopped(), "their memory is ours while it is freed"
     finally:
-        if engine.poll() is None:
+        if engine.is_running():
             os.killpg(engine.pid, 9)
 
 

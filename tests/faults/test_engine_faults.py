@@ -18,6 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.engine.registry import EngineRegistry, group_members
+from autotuner.proc_identity import clock
 from autotuner.scenario import load_scenario
 from autotuner.store.db import Store
 from autotuner.trials.result import TrialResult
@@ -28,7 +29,7 @@ from tests.support.faults import assert_engine_gone, fault_scenario, registry_em
 
 
 def run_trial(path: Path, tmp_path: Path, **kwargs: object) -> tuple[TrialResult, float]:
-    started = time.time()
+    started = clock()
     result = asyncio.run(measure(load_scenario(path), {}, log_dir=tmp_path / "logs", **kwargs))  # type: ignore[arg-type]
     return result, started
 

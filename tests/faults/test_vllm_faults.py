@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from autotuner.engine.registry import group_members
+from autotuner.proc_identity import clock
 from autotuner.scenario import load_scenario
 from autotuner.tuner.lifecycle import measure
 from tests.support.faults import ROOT, assert_engine_gone, registry_empty
@@ -51,7 +52,7 @@ def test_vllm_worker_sigkilled_mid_workload_is_a_crash(vllm_cpu, vllm_tmpdir: Pa
 
         threading.Thread(target=kill, daemon=True).start()
 
-    started = time.time()
+    started = clock()
     result = asyncio.run(measure(load_scenario(path), {"max-num-batched-tokens": 512}, log_dir=tmp_path / "logs",
                                  on_phase=on_phase))
     assert killed, "vLLM's worker process was not found in the engine's process group"

@@ -76,7 +76,7 @@ def engine_pids(log_path: str | Path) -> set[int]:
 
 def assert_engine_gone(log_path: str | Path, started_after: float = 0.0) -> None:
     """No process the engine's log names is alive (as the process it was: a reused pid is not it),
-    and no process group led by one of them has members."""
+    and no process group led by one of them has members. `started_after` is on `proc_identity.clock`."""
     pids = engine_pids(log_path)
     assert pids, f"the engine log {log_path} names no process"
     for pid in pids:
@@ -87,6 +87,19 @@ def assert_engine_gone(log_path: str | Path, started_after: float = 0.0) -> None
             alive = False
         assert not alive, f"engine process {pid} is still running"
         assert not group_members(pid, not_before=started_after or None), f"process group {pid} has members"
+
+
+def processes_of_home(home: Path) -> list[str]:
+    """Live processes started with `AUTOTUNER_HOME=home` in their environment: every engine and worker a
+    tuner of that home spawned carries it, whether or not it ever reached the registry."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status", "cmdline"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("AUTOTUNER_HOME") == str(home):
+                found.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:120]}")
+        except psutil.Error:
+            continue
+    return found
 
 
 def registry_empty(home: Path) -> bool:

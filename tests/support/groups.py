@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +58,12 @@ def configure_ledger(config: pytest.Config) -> None:
         config.stash[LEDGER] = Path(worker_input[_WORKER_INPUT])
     else:  # the controller, or a run without xdist: a ledger of this run's own
         config.stash[LEDGER] = Path(tempfile.mkdtemp(prefix="autotuner-groups-")) / "ledger.jsonl"
+
+
+def remove_ledger(config: pytest.Config) -> None:
+    """The controller's ledger goes with its run (a worker's is the controller's)."""
+    if getattr(config, "workerinput", None) is None and LEDGER in config.stash:
+        shutil.rmtree(config.stash[LEDGER].parent, ignore_errors=True)
 
 
 def hand_ledger_to(node: object) -> None:

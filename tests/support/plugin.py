@@ -41,6 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(groups.AppliedCheck(), "autotuner-groups-applied")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    groups.remove_ledger(config)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: object) -> None:
     groups.hand_ledger_to(node)

@@ -27,6 +27,7 @@ from autotuner.sim.gpu_state import HOLDERS_DIR
 from autotuner.store.db import Store
 from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.groups import WHOLE_BOX, GroupSlots, gpus_per_trial, parse_setting, plan_groups
+from tests.support.faults import processes_of_home
 from tests.support.quickstart import optuna_trials, tune_cmd
 
 MIB = 1 << 20
@@ -258,6 +259,8 @@ def test_sigkill_mid_way_resumes_every_group(tmp_path: Path, sim_state: Path, en
     for pgid in pgids:
         assert not group_members(pgid), f"orphan engine group {pgid} still alive"
     assert not list(engines.glob("*.json")), "engine registry not emptied"
+    # Also the engine the killed tuner was spawning, on no record but its launch announcement.
+    assert not processes_of_home(tmp_path / "home"), "an engine of the killed tuner outlived the resume"
     study = only_study(Store(str(db)))
     assert not study.get_trials(states=(TrialState.RUNNING,))
     requeued = {t.user_attrs.get("requeued_from") for t in study.trials}
