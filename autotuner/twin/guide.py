@@ -146,6 +146,11 @@ class TwinGuide:
             record = records.get(t.number)
             if record is None or not t.user_attrs.get("launched", True):
                 continue
+            if record.outcome == Outcome.PRUNED:
+                # Stopped early because `keep` measured trials already beat its optimistic bound: no
+                # full figure to compare, and often one within noise of the best (counted as a 100 %
+                # miss, two such turned a twin off whose measured finalists were within 3 %).
+                continue
             predicted = t.user_attrs.get("twin_predicted")
             measured = record.metrics.get(metric) if record.outcome == Outcome.OK else None
             if isinstance(predicted, int | float) and isinstance(measured, int | float) and measured:
