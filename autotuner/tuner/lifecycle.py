@@ -197,7 +197,8 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                 again = _next_replay(result)
                 replays.append(again)
                 t_replay = time.monotonic()
-                await serve_and_replay(scenario, plan, engine, again, tripped, abort.event, phase, pruner)
+                await serve_and_replay(scenario, plan, engine, again, tripped, abort.event, phase, pruner,
+                                       replay=len(replays) - 1)
                 again.duration_s = time.monotonic() - t_replay
             if then is not None and len(replays) == runs and replays[-1].outcome == Outcome.OK \
                     and not tripped.is_set() and not abort.event.is_set() and engine.returncode is None:
@@ -205,7 +206,7 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                 replays_end = sampler.mark()
                 soak = _next_replay(result)
                 t_soak = time.monotonic()
-                await serve_and_replay(then, plan, engine, soak, tripped, abort.event, phase, None)
+                await serve_and_replay(then, plan, engine, soak, tripped, abort.event, phase, None, replay=runs)
                 soak.duration_s = time.monotonic() - t_soak
     except MonitorError as exc:
         monitor_error = str(exc)

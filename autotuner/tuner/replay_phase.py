@@ -33,14 +33,15 @@ METRICS_POLL_FLOOR_S = 0.1
 
 async def serve_and_replay(scenario: Scenario, plan: LaunchPlan, engine: EngineProcess, result: TrialResult,
                            tripped: asyncio.Event, aborted: asyncio.Event, phase: Phase,
-                           pruner: pruning.Pruner | None) -> None:
+                           pruner: pruning.Pruner | None, replay: int = 0) -> None:
     api_key = plan.env.get("VLLM_API_KEY")
     async with http_client() as http, contextlib.AsyncExitStack() as shards:
         time_scale = await _time_scale(http, plan.base_url)
         result.time_scale = time_scale
         spec = scenario.workload.to_spec(scenario.source.parent if scenario.source else None, time_scale)
         phase("warm-up")
-        request_set = await build_requests(spec, http, plan.base_url, plan.served_name, api_key)
+        # The k-th workload on this engine: prompts of their own (its prefix cache holds the earlier ones').
+        request_set = await build_requests(spec, http, plan.base_url, plan.served_name, api_key, replay=replay)
         result.warnings += request_set.warnings
         extra = [await shards.enter_async_context(http_client())
                  for _ in range(shard_count(peak_concurrency(scenario)) - 1)]

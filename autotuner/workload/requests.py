@@ -98,10 +98,13 @@ class PromptBuilder:
 
 
 def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration, seed: int,
-                    warmup: int = 0) -> list[RequestSpec]:
+                    warmup: int = 0, replay: int = 0) -> list[RequestSpec]:
     """`total` requests; lengths drawn in a fixed order from one seeded stream (reproducible). The first
     measured ones (after `warmup`) have `syn.include_prompt_tokens`' lengths: measured, so that a request
-    of theirs that fails fails the run; the warm-up stays drawn, as it is only there to warm the engine."""
+    of theirs that fails fails the run; the warm-up stays drawn, as it is only there to warm the engine.
+    `replay` k (the k-th replay on one running engine) keeps every length and arrival but gives each
+    prompt a unique prefix of its own: a replay of the very same prompts would find their KV blocks in
+    the prefix cache and measure a flattered engine."""
     chat = syn.api == "chat"
     builder = PromptBuilder(calibration, seed)
     shared = builder.shared_prefix(syn.shared_prefix_tokens, chat) if syn.shared_prefix_tokens else []
@@ -118,14 +121,16 @@ def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration
         # A target below the fixed part (anchor, shared prefix, unique marker) cannot be met: the
         # request records the length it really aims at.
         target = max(target, builder.min_tokens(use_shared, chat))
-        out.append(builder.request(builder.words(i, target, use_shared, chat, offset), chat, max_tokens, target))
+        words = builder.words(replay * total + i, target, use_shared, chat, offset)
+        out.append(builder.request(words, chat, max_tokens, target))
     return out
 
 
 async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: str, model: str,
-                         api_key: str | None = None) -> RequestSet:
+                         api_key: str | None = None, replay: int = 0) -> RequestSet:
     """Raises TraceError (a ValueError) for a bad trace; tokenizer trouble other than a missing
-    endpoint surfaces as `calibration.TokenizeError`."""
+    endpoint surfaces as `calibration.TokenizeError`. `replay`: see `build_synthetic` (a trace's prompts
+    are its own, replayed as they are)."""
     if isinstance(spec.requests, TraceRequests):
         reqs = load_trace(spec.requests.path, require_arrival=spec.arrivals.kind == "trace")
         return RequestSet(reqs, min(spec.warmup_requests, len(reqs)))
@@ -141,7 +146,7 @@ async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: 
                         "~4 characters per token and may be off by a good margin")
         log.warning("workload.tokenize_unavailable", base_url=base_url)
     total = spec.warmup_requests + syn.measured
-    reqs = build_synthetic(syn, total, cal, spec.seed, warmup=spec.warmup_requests)
+    reqs = build_synthetic(syn, total, cal, spec.seed, warmup=spec.warmup_requests, replay=replay)
     if not cal.estimated:
         reqs, note = await _verify(reqs, counter, random.Random(f"{spec.seed}-verify"))
         if note:

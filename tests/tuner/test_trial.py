@@ -73,6 +73,9 @@ def test_replays_within_one_engine_lifetime(home: Path, tmp_path: Path) -> None:
     assert len({r.engine["log_path"] for r in results}) == 1
     assert len({r.memory["peak_fraction"] for r in results}) == 1 and results[0].memory["samples"] > 50
     assert results[1].duration_s < results[0].duration_s, "only the first replay carries the start and stop"
+    # Each replay's prompts are its own: none finds the last one's KV blocks in the prefix cache.
+    rates = [r.metrics["output_tokens_per_s"] for r in results]
+    assert max(rates) < 1.25 * min(rates), rates
     assert GpuHost(Path(os.environ["AUTOTUNER_SIM_STATE_DIR"])).used_bytes(0) == 0
     # A lifetime that fails is asked for no more replays.
     tripped = asyncio.run(measure_lifetime(sc, {"max-num-batched-tokens": 4096, "gpu-memory-utilization": 0.94},

@@ -172,6 +172,19 @@ async def test_every_prompt_starts_with_a_unique_prefix() -> None:
     assert set(" ".join(r.prompt or "" for r in built.requests).split()) <= {ANCHOR, *WORD_POOL}
 
 
+async def test_a_replay_on_the_same_engine_sends_the_same_workload_with_prefixes_of_its_own() -> None:
+    """The k-th replay on one running engine: the same lengths and outputs in the same order, but no prompt
+    whose first KV block an earlier replay put in the prefix cache (that replay would measure a flattered
+    engine: 2.5x the throughput on the simulator's quickstart)."""
+    spec = synthetic(count=200)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(FakeTokenizer().handle)) as http:
+        first, second = [await build_requests(spec, http, "http://engine", "m", replay=k) for k in (0, 1)]
+    shape = [[(r.target_prompt_tokens, r.max_tokens) for r in b.requests] for b in (first, second)]
+    assert shape[0] == shape[1]
+    heads = [{tuple((r.prompt or "").split()[:6]) for r in b.requests} for b in (first, second)]
+    assert len(heads[1]) == len(second.requests) and not heads[0] & heads[1]
+
+
 async def test_shared_prefix_for_a_fraction_of_requests() -> None:
     tok = FakeTokenizer()
     spec = synthetic(count=400, shared_prefix_tokens=200, shared_prefix_fraction=0.25)
