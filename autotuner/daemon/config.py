@@ -147,10 +147,11 @@ class TuneSettings(_Model):
     confirm: str = "3x3"
     soak: str = "10m"
     policy: str = "knee"
-    twin: bool = Field(default=False, description=(
+    twin: bool = Field(default=True, description=(
         "twin-first search (docs/twin.md): the cycle measures only the finalists of a simulator calibrated "
         "on this box, production's served window from /metrics included, so a re-tune drains production "
-        "for fewer engine runs"))
+        "for fewer engine runs; where the simulator cannot stand for the box (no preset for its GPUs, a "
+        "recorded workload) the cycle searches as without it. false: the sampler's search only"))
 
     @field_validator("timeout", "soak", mode="before")
     @classmethod

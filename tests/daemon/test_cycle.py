@@ -57,14 +57,15 @@ def test_model_swap_is_detected_retuned_warm_deployed_and_verified(deployment) -
     assert last["warm_start"] == old
     trigger = next(e for e in _rows(d.root, events) if e["kind"] == "trigger")
     assert trigger["at"] - swapped <= 1 + 2.0, "detected within the poll interval (1 s) and a probe"
-    # Warm start: the old study's best configs were the new study's first guesses.
+    # Warm start through the twin (the default): the new model's twin keeps this box's calibration from the
+    # old study (tests/tuner/test_study.py checks the prior) and its finalists are measured.
     new_study = last["study"]
     engine = sa.create_engine(f"sqlite:///{d.root / 'autotuner.db'}")
     with engine.connect() as conn:
         kinds = [r[0] for r in conn.execute(sa.text("SELECT kind FROM at_trials WHERE study_name = :s"),
                                             {"s": new_study})]
     engine.dispose()
-    assert "warm-start" in kinds
+    assert "twin" in kinds and "warm-start" not in kinds
     # Production runs the new model on the winner, and what runs is what the file says.
     assert d.served_root() == "mistral-7b"
     deployed = status["deployed"]["flags"]
@@ -181,7 +182,8 @@ def test_daemon_killed_mid_deploy_resumes_on_one_consistent_config(deployment) -
 
 
 def test_window_closing_mid_tune_puts_the_previous_config_back(deployment) -> None:
-    d = deployment(daemon={"tune": {"trials": 500, "timeout": "1h", "confirm": "2x2", "soak": "20s"}})
+    # The sampler's search (no twin, which would converge first): a tune that lasts past the window.
+    d = deployment(daemon={"tune": {"trials": 500, "timeout": "1h", "confirm": "2x2", "soak": "20s", "twin": False}})
     daemon = d.start_daemon()
     wait_for(lambda: d.status()["reference"], 30, "production adopted as the reference")
     # SIGHUP: the new config opens a window that closes in 20 s, and a schedule that is due at once.

@@ -216,3 +216,19 @@ def test_model_swap_opens_a_new_study_warm_started_from_the_old(tmp_path: Path) 
     warm = [tuple(sorted((k, v) for k, v in r.flags.items() if k in dict(next(iter(old_best)))))
             for r in store.trials(second.study_name) if r.kind == "warm-start"]
     assert set(warm) <= old_best
+
+
+def test_a_twin_first_model_swap_keeps_the_boxs_calibration_as_its_twins_prior(tmp_path: Path) -> None:
+    """The default of `tune` and the daemon: after a swap, the new model's twin starts from this box's
+    calibration on the old study's trials instead of replaying the old model's configs."""
+    scenario = load_scenario(quickstart(tmp_path))
+    store = Store(str(tmp_path / "study.db"))
+    first = Tuner(scenario, VirtualRunner(scenario), store, n_trials=6, seed=3, twin=True)
+    asyncio.run(first.run())
+    swapped = load_scenario(quickstart(tmp_path, engine__model="llama-2-7b"))
+    second = Tuner(swapped, VirtualRunner(swapped), store, n_trials=4, seed=1, warm_start=first.study_name, twin=True)
+    asyncio.run(second.run())
+    measured = [r for r in store.trials(first.study_name) if r.outcome == "ok"]
+    assert second.guide.prior.fitted_on >= len(measured) > 0
+    kinds = [r.kind for r in store.trials(second.study_name)]
+    assert kinds[0] == "baseline" and "twin" in kinds and "warm-start" not in kinds

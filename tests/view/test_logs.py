@@ -118,7 +118,8 @@ def test_tune_quiet_prints_the_summary_only(tmp_path: Path) -> None:
     assert done.stderr == ""
     lines = done.stdout.splitlines()
     assert lines[0].startswith("study s1: done, 4/4 trials")
-    assert all(line.split(":")[0] in ("study s1", "baseline (vLLM defaults)", "pareto", "next") for line in lines)
+    heads = ("study s1", "baseline (vLLM defaults)", "pareto", "next", "twin")
+    assert all(line.split(":")[0] in heads for line in lines)
     assert any(line.startswith("next: autotuner export --study s1 --storage ") for line in lines)
     # the file still has everything
     assert len((tmp_path / "home" / "logs" / "s1.jsonl").read_text().splitlines()) >= 5

@@ -38,7 +38,7 @@ def test_watch_shows_a_trial_finished_by_another_process(tmp_path: Path) -> None
         seen: list[str] = []
         deadline = time.monotonic() + 60
         # A row is "# kind ..." with "*" before the number of a Pareto member.
-        while not any(line.lstrip("* ").split()[:2] in (["1", "search"], ["1", "probe"]) for line in seen
+        while not any(line.lstrip("* ").split()[:2] in (["1", "search"], ["1", "probe"], ["1", "twin"]) for line in seen
                       if line.split()):
             assert time.monotonic() < deadline, "the watcher never showed trial 1:\n" + "".join(seen)
             seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
