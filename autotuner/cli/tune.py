@@ -20,6 +20,7 @@ from autotuner.cli.options import (
     warn_preflight,
 )
 from autotuner.errors import UserInputError
+from autotuner.twin import TWIN_FIRST
 
 if TYPE_CHECKING:
     from autotuner.tuner.study import Tuner
@@ -52,9 +53,9 @@ def tune(
                                  "this long (engine time; 0 skips)"),
     gpu_groups: str = typer.Option("auto", "--gpu-groups", help="trials side by side on disjoint GPU groups when "
                                    "one needs fewer GPUs than the box has: auto (as many as fit), N, or off"),
-    twin: bool = typer.Option(True, "--twin/--no-twin", help="twin-first (the default): after the baseline, search "
-                              "a simulator calibrated on this box's trials and measure only its finalists (GPUs the "
-                              "simulator has a preset for, synthetic workloads; elsewhere the sampler's search; "
+    twin: bool = typer.Option(TWIN_FIRST, "--twin/--no-twin", help="twin-first (the default): after the baseline, "
+                              "search a simulator calibrated on this box's trials and measure only its finalists (GPUs "
+                              "the simulator has a preset for, synthetic workloads; elsewhere the sampler's search; "
                               "`autotuner twin` shows it); --no-twin: the sampler's search only"),
 ) -> None:
     """Tune the scenario's flags: an Optuna study over engine lifetimes, stored in SQLite.

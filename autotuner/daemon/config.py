@@ -20,6 +20,7 @@ from autotuner.durations import MAX_DURATION_S
 from autotuner.errors import UserInputError, quoted
 from autotuner.filelines import first_error, line_of, load_mapping
 from autotuner.scenario import Scenario, load_scenario
+from autotuner.twin import TWIN_FIRST
 
 
 class DaemonConfigError(UserInputError):
@@ -147,7 +148,7 @@ class TuneSettings(_Model):
     confirm: str = "3x3"
     soak: str = "10m"
     policy: str = "knee"
-    twin: bool = Field(default=True, description=(
+    twin: bool = Field(default=TWIN_FIRST, description=(
         "twin-first search (docs/twin.md): the cycle measures only the finalists of a simulator calibrated "
         "on this box, production's served window from /metrics included, so a re-tune drains production "
         "for fewer engine runs; where the simulator cannot stand for the box (no preset for its GPUs, a "

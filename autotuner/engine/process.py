@@ -47,7 +47,6 @@ class EngineProcess:
         self._on_line = on_line
         self._proc: subprocess.Popen[bytes] | None = None
         self._pump: threading.Thread | None = None
-        self._started_at = 0.0
         self._leader_create_time = 0.0
         self._members: dict[int, float] = {}  # pid -> create time, every process of ours seen
         self._lock = threading.Lock()
@@ -68,7 +67,6 @@ class EngineProcess:
         return None if self._proc is None else self._proc.poll()
 
     def start(self) -> None:
-        self._started_at = time.time()
         # The engine writes its log straight to the file, not through a pipe to us: if the tuner dies,
         # the engine must not die of a broken pipe before the next run finds and stops it. 0600 in a 0700
         # directory: it quotes the engine's command line and whatever the engine prints.

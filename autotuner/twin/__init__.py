@@ -6,3 +6,7 @@ recalibrating after each. Modules: what the twin simulates (box.py), the box par
 their priors (params.py), the fit (calibrate.py), the search over it (search.py), and the tuner's use
 of it (guide.py).
 """
+
+# Twin-first is the default of `tune` and of the daemon's re-tune (docs/twin.md says on what evidence);
+# `Tuner` itself defaults to the sampler's search, which the benchmarks compare it with.
+TWIN_FIRST = True
