@@ -75,13 +75,34 @@ def next_high(values: list[float]) -> float | None:
     return statistics.fmean(finite) + t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n)
 
 
-def interval(values: list[float]) -> Interval | None:
-    """None without a value; one value gives a zero-width interval (nothing to say about spread)."""
+def interval(values: list[float], pooled: tuple[float, int] | None = None) -> Interval | None:
+    """None without a value; one value gives a zero-width interval (nothing to say about spread).
+
+    `pooled`: a relative spread (the standard deviation of the logs) pooled over configurations measured
+    alike, and its degrees of freedom (`pooled_sd` of their logs). Where it has more degrees of freedom
+    than the values' own, the half-width stands on it: two runs alone give t = 12.7, an interval too wide
+    to tell anything apart. The larger of the two spreads is taken, so that a configuration noisier than
+    the rest does not borrow their steadiness; one value then gets an interval too."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return None
     mean = statistics.fmean(finite)
-    if len(finite) == 1:
+    n = len(finite)
+    own = _log_sd(finite) if n >= 2 else 0.0
+    if pooled is not None and pooled[1] > n - 1 and own is not None and mean > 0:
+        half = t975(pooled[1]) * max(pooled[0], own) * mean / math.sqrt(n)
+        return Interval(mean, mean - half, mean + half, n)
+    if n == 1:
         return Interval(mean, mean, mean, 1)
-    half = t975(len(finite) - 1) * statistics.stdev(finite) / math.sqrt(len(finite))
-    return Interval(mean, mean - half, mean + half, len(finite))
+    half = t975(n - 1) * statistics.stdev(finite) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def _log_sd(values: list[float]) -> float | None:
+    return statistics.stdev([math.log(v) for v in values]) if all(v > 0 for v in values) else None
+
+
+def pooled_log_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """`pooled_sd` of the logs of groups of positive values (a group with a value ≤ 0 is left out): the
+    relative spread shared by configurations measured alike."""
+    return pooled_sd([[math.log(v) for v in g] for g in groups if g and all(v > 0 for v in g)])

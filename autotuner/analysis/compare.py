@@ -1,7 +1,9 @@
 """Comparing the recommended config with a reference (vLLM's defaults, the user's current config) the way
 a reader can trust: from re-measured runs, mean with its 95 % interval, and "no significant difference"
-when the intervals overlap. A single run of either side is never turned into a percentage claim: the
-search's one-shot figures carry the run-to-run noise and the winner was picked for being lucky.
+unless the means differ beyond the noise (a two-sample t test on the intervals' spread, pooled over the
+configurations confirmed: analysis/evidence.py). A single run of either side is never turned into a
+percentage claim: the search's one-shot figures carry the run-to-run noise and the winner was picked for
+being lucky.
 
 Every view that compares (report, export's line, certificate, status, the daemon) reads these
 sentences, so they agree word for word.
@@ -9,6 +11,7 @@ sentences, so they agree word for word.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -51,18 +54,20 @@ class Difference:
     theirs: Interval
 
     @property
-    def overlap(self) -> bool:
-        return self.ours.low <= self.theirs.high and self.theirs.low <= self.ours.high
+    def bound(self) -> float:
+        """The difference of the means that is beyond the noise at 95 %: √(h₁² + h₂²) of the half-widths,
+        which for intervals on one pooled spread is the two-sample t test's t·s·√(1/n₁ + 1/n₂)."""
+        return math.hypot(self.ours.half_width, self.theirs.half_width)
 
     @property
     def better(self) -> bool | None:
         """True when ours is significantly better, False when significantly worse, None when neither."""
-        if self.overlap or self.ours.n < 2 or self.theirs.n < 2:
+        if self.ours.n < 2 or self.theirs.n < 2 or abs(self.ours.mean - self.theirs.mean) <= self.bound:
             return None
         return (self.ours.mean > self.theirs.mean) == higher_is_better(self.metric)
 
     def delta(self) -> str:
-        """`+6.4 %` when the intervals are apart, else `no significant difference`."""
+        """`+6.4 %` when the difference is beyond the noise, else `no significant difference`."""
         if self.better is None:
             return NO_DIFFERENCE
         change = (self.ours.mean - self.theirs.mean) / abs(self.theirs.mean) * 100 if self.theirs.mean else 0.0
@@ -70,8 +75,8 @@ class Difference:
 
     def text(self) -> str:
         pair = f"{show(self.ours, self.unit, self.digits)} vs {show(self.theirs, self.unit, self.digits)}"
-        apart = "95 % intervals overlap" if self.better is None else "95 % intervals apart"
-        return f"{self.name}: {self.delta()} ({pair} mean, {apart})"
+        noise = "within the noise" if self.better is None else "beyond the noise"
+        return f"{self.name}: {self.delta()} ({pair} mean, {noise} at 95 %)"
 
 
 @dataclass

@@ -207,7 +207,7 @@ def build_document(analysis: Analysis, winner: TrialRecord | None, pareto: Image
 
 def _comparison(c: Comparison, study: StudyData, winner: TrialRecord | None) -> Table | str:
     """One reference against the recommendation: re-measured means with their 95 % intervals and the
-    difference only where the intervals are apart; single runs are shown as such and never compared."""
+    difference only where it is beyond the noise; single runs are shown as such and never compared."""
     if c.verdict == Verdict.SAME or winner is None:
         text = c.sentence()
         return text[0].upper() + text[1:] + "."
@@ -215,7 +215,7 @@ def _comparison(c: Comparison, study: StudyData, winner: TrialRecord | None) -> 
     confirmed = confirmations(study.trials)
     mine, theirs = confirmed.get(winner.trial_number), confirmed.get(ref.trial_number)
     header = ["", f"{c.label}, trial {ref.trial_number}", f"recommended, trial {winner.trial_number}",
-              "difference (95 % intervals)"]
+              "difference (beyond the noise at 95 %)"]
     rows = [["outcome", outcome_text(ref), outcome_text(winner), ""],
             ["flags", searched_flags(ref, study.scenario.engine.flags),
              searched_flags(winner, study.scenario.engine.flags), ""]]

@@ -22,9 +22,33 @@ def test_overlapping_intervals_are_no_significant_difference() -> None:
     c = compare(ours, ref, found)
     assert c.verdict == Verdict.TIE and c.keep_reference
     assert c.sentence().startswith("no significant difference from your current config (trial 1) — output: no")
-    assert "313.5 ± 33.5 tok/s vs 315.2 ± 35.3 tok/s mean" in c.sentence()
+    assert "313.5 ± 22.2 tok/s vs 315.2 ± 22.8 tok/s mean" in c.sentence()  # t at the pooled 4 df
     assert not CHANGE.search(c.sentence())
     assert headline(ours, [c]).startswith("Keep your current config (trial 1): nothing found is significantly")
+
+
+def test_a_reference_raced_out_after_two_runs_is_compared_on_the_pooled_spread() -> None:
+    """Racing leaves a beaten reference two lifetimes. On their own, t = 12.7 made ±32 tok/s of a 3 %
+    spread, and the quickstart's certificate called a 10 % loss no difference; on the spread of all five
+    configurations' runs (5 degrees of freedom) the loss is beyond the noise."""
+    ours, ref = trial(2, 122.0, 4.0), trial(0, 110.0, 4.0, kind="baseline")
+    runs = [*confirm_runs(10, 2, [(120.0, 4.0), (124.0, 4.1), (122.0, 3.9)]),
+            *confirm_runs(20, 4, [(118.0, 4.0), (121.0, 4.1), (123.0, 4.0)]),
+            *confirm_runs(30, 0, [(107.0, 4.0), (112.0, 4.1)])]
+    c = compare(ours, ref, confirmations(runs))
+    assert c.verdict == Verdict.BETTER, c.sentence()
+    assert "output: +11.4 %" in c.sentence() and "beyond the noise at 95 %" in c.sentence()
+    assert c.differences[0].theirs.half_width < 8.0  # n = 2 on its own: ±31.8
+
+
+def test_a_noisier_configuration_does_not_borrow_the_others_steadiness() -> None:
+    ours, ref = trial(2, 122.0, 4.0), trial(0, 110.0, 4.0, kind="baseline")
+    runs = [*confirm_runs(10, 2, [(120.0, 4.0), (124.0, 4.1), (122.0, 3.9)]),
+            *confirm_runs(20, 4, [(118.0, 4.0), (121.0, 4.1), (123.0, 4.0)]),
+            *confirm_runs(30, 0, [(90.0, 4.0), (130.0, 4.1)])]  # the same mean, a 26 % spread of its own
+    c = compare(ours, ref, confirmations(runs))
+    assert c.verdict == Verdict.TIE, c.sentence()
+    assert c.differences[0].theirs.half_width > 40.0
 
 
 def test_intervals_apart_give_a_percentage_each_way() -> None:

@@ -49,7 +49,7 @@ def test_re_measured_figures_and_their_comparison(make_study: MakeStudy) -> None
     study = make_study([trial(0, 50.0, 8.0, kind="baseline"), *KNOWN_FRONT[1:], *runs, *base])
     cells = row_of(status(study.storage), "known-front")
     assert cells[2:4] == ["8", "6"]
-    assert cells[6] == "trial 2: 90.0 ± 2.5 tok/s (mean, n=3)"
+    assert cells[6] == "trial 2: 90.0 ± 2.3 tok/s (mean, n=3)"
     assert cells[7] == "output +80.0 %, TTFT p95 -49.4 % vs defaults"
 
 
