@@ -7,7 +7,7 @@ import math
 import pytest
 
 from autotuner.errors import UserInputError
-from autotuner.stats import interval
+from autotuner.stats import interval, pooled_log_sd
 from autotuner.trust.commands import parse_confirm
 
 
@@ -17,6 +17,23 @@ def test_t_interval_of_three_runs() -> None:
     assert iv.half_width == pytest.approx(4.303 / math.sqrt(3))  # t(0.975, 2) × s / √n, s = 1
     assert interval([5.0]) == interval([5.0, math.nan])  # one value: no spread to speak of
     assert interval([]) is None
+
+
+def test_an_interval_on_a_pooled_spread() -> None:
+    """Two runs on their own stand on t = 12.7; on a relative spread pooled with 6 more degrees of
+    freedom, on t(7) = 2.365 and the larger of that spread and their own."""
+    steady = [[100.0, 102.0, 98.0], [200.0, 204.0, 196.0], [50.0, 51.0, 49.0], [80.0, 81.6]]
+    pooled = pooled_log_sd(steady)
+    assert pooled is not None and pooled[1] == 7 and pooled[0] == pytest.approx(0.02, rel=0.05)
+    alone, shared = interval([80.0, 81.6]), interval([80.0, 81.6], pooled)
+    assert alone is not None and shared is not None and shared.mean == alone.mean == 80.8
+    assert alone.half_width == pytest.approx(12.706 * 1.1314 / math.sqrt(2), rel=1e-3)
+    assert shared.half_width == pytest.approx(2.365 * pooled[0] * 80.8 / math.sqrt(2), rel=1e-3)
+    noisy = interval([60.0, 100.0], pooled)  # its own spread (36 %) is far above the pool's: it keeps it
+    assert noisy is not None and noisy.half_width == pytest.approx(2.365 * 0.3612 * 80.0 / math.sqrt(2), rel=1e-2)
+    one = interval([80.0], pooled)  # one run: a width from the others' spread (never a claim: compare.py)
+    assert one is not None and one.n == 1 and one.half_width == pytest.approx(2.365 * pooled[0] * 80.0, rel=1e-3)
+    assert interval([80.0, 81.6], (0.02, 1)) == alone  # no more degrees of freedom than its own: its own
 
 
 @pytest.mark.parametrize("text, plan", [("3x3", (3, 3, 2)), ("2×5", (2, 5, 2)), (" 1 * 2 ", (1, 2, 2)),
