@@ -19,7 +19,7 @@ from autotuner.scenario import LengthSettings, Scenario, WorkloadSettings
 from autotuner.workload.client import RequestResult, StreamingClient, http_client
 from autotuner.workload.proxies import through_proxy
 from autotuner.workload.replay import replay
-from autotuner.workload.requests import build_requests
+from autotuner.workload.requests import build_requests, fresh_replay
 from autotuner.workload.summary import summarize
 
 # The seed's check: 8 concurrent prompts of several thousand tokens.
@@ -209,7 +209,9 @@ async def verify(base_url: str, model: str | None, key_env: str | None, scenario
             workload, note = fit_to_context(workload, context)
             notes += [note] if note else []
         spec = workload.to_spec(scenario.source.parent if scenario and scenario.source else None)
-        request_set = await build_requests(spec, http, base_url, model, key)
+        # Prompts of their own each call: a second verify of a running server would otherwise find the
+        # first one's KV blocks in its prefix cache, prefill nothing and pass what it should test.
+        request_set = await build_requests(spec, http, base_url, model, key, replay=fresh_replay())
         client = StreamingClient(http, base_url, model, key, ignore_eos=spec.ignore_eos,
                                  timeout_s=spec.request_timeout_s)
         sampler = Sampler(monitor, hz=100) if monitor is not None else None

@@ -10,6 +10,9 @@ import subprocess
 import sys
 import threading
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from autotuner.engine.ports import free_port
 
 SIM = ["llama-2-13b", "-tp", "8", "--max-model-len", "8192", "--sim-speedup", "50",
@@ -21,12 +24,27 @@ def verify(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           timeout=180, env={**os.environ, **(env or {})})
 
 
+def prefix_cache(url: str) -> tuple[float, float]:
+    """The server's prefix cache counters: tokens queried, tokens found cached."""
+    found = {f.name: sum(s.value for s in f.samples if s.name.endswith("_total"))
+             for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)}
+    return found["vllm:prefix_cache_queries"], found["vllm:prefix_cache_hits"]
+
+
 def test_healthy_endpoint_passes(sim_server) -> None:
     server = sim_server.start([*SIM, "--served-model-name", "m13"])
     done = verify("--base-url", server.url)
     assert done.returncode == 0, done.stderr
     assert "model m13: 8 ok, 0 failed" in done.stdout
     assert "TTFT p50" in done.stdout
+    # Verify again: its prompts are its own, so the server prefills them (the same prompts found every
+    # KV block cached — a check of concurrent long prefills that prefilled nothing).
+    queried, hits = prefix_cache(server.url)
+    assert queried > 0
+    assert verify("--base-url", server.url).returncode == 0
+    more_queried, more_hits = prefix_cache(server.url)
+    assert more_queried - queried > 8 * 2000
+    assert (more_hits - hits) / (more_queried - queried) < 0.05, (more_hits - hits, more_queried - queried)
 
 
 def test_unreachable_upstream(sim_state) -> None:

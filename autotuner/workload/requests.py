@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -124,6 +125,12 @@ def build_synthetic(syn: SyntheticRequests, total: int, calibration: Calibration
         words = builder.words(replay * total + i, target, use_shared, chat, offset)
         out.append(builder.request(words, chat, max_tokens, target))
     return out
+
+
+def fresh_replay() -> int:
+    """A replay index no earlier call on the same engine is likely to have used (one in MARKER_SPACE per
+    prompt): for a check that may run again against a server that keeps its prefix cache."""
+    return secrets.randbelow(MARKER_SPACE)
 
 
 async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: str, model: str,
