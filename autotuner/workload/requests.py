@@ -29,7 +29,7 @@ from autotuner.workload.calibration import (
 )
 from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.spec import SyntheticRequests, TraceRequests, WorkloadSpec
-from autotuner.workload.trace import TraceError, load_trace
+from autotuner.workload.trace import TraceError, load_trace, replayed
 
 __all__ = ["PromptBuilder", "RequestSet", "RequestSpec", "TraceError", "build_requests", "build_synthetic"]
 
@@ -137,9 +137,9 @@ async def build_requests(spec: WorkloadSpec, http: httpx.AsyncClient, base_url: 
                          api_key: str | None = None, replay: int = 0) -> RequestSet:
     """Raises TraceError (a ValueError) for a bad trace; tokenizer trouble other than a missing
     endpoint surfaces as `calibration.TokenizeError`. `replay`: see `build_synthetic` (a trace's prompts
-    are its own, replayed as they are)."""
+    open with a marker of the replay instead: `trace.replayed`)."""
     if isinstance(spec.requests, TraceRequests):
-        reqs = load_trace(spec.requests.path, require_arrival=spec.arrivals.kind == "trace")
+        reqs = replayed(load_trace(spec.requests.path, require_arrival=spec.arrivals.kind == "trace"), replay)
         return RequestSet(reqs, min(spec.warmup_requests, len(reqs)))
     syn = spec.requests
     chat = syn.api == "chat"

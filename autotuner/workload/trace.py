@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,24 @@ def _check_messages(messages: object) -> None:
 
 def _short(value: object) -> str:
     return quoted(value, 60)
+
+
+def replayed(reqs: list[RequestSpec], replay: int) -> list[RequestSpec]:
+    """The trace's k-th replay on one running engine (k > 0): each prompt opens with a marker of the
+    replay, so that none finds its first KV block in the prefix cache an earlier replay filled (that one
+    would measure a flattered engine), while prompts that share a prefix in the trace still share it
+    within the replay. A chat request carries it on its first message. A few tokens more per prompt."""
+    if replay <= 0:
+        return reqs
+    mark = f"[{replay}] "
+    out = []
+    for r in reqs:
+        if r.prompt is not None:
+            out.append(replace(r, prompt=mark + r.prompt))
+            continue
+        messages = [dict(m) for m in r.messages or []]
+        content = messages[0]["content"]
+        messages[0]["content"] = (mark + content if isinstance(content, str)
+                                  else [{"type": "text", "text": mark}, *content])
+        out.append(replace(r, messages=messages))
+    return out

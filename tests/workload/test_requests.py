@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from autotuner.errors import UserInputError
 from autotuner.workload.calibration import ANCHOR, WORD_POOL
+from autotuner.workload.request_spec import RequestSpec
 from autotuner.workload.requests import build_requests
 from autotuner.workload.spec import (
     Arrivals,
@@ -136,9 +137,9 @@ def synthetic(count: int = 200, api: str = "completions", **kw: object) -> Workl
     return WorkloadSpec(syn, Arrivals("concurrency"), warmup_requests=2, seed=5)
 
 
-async def build(tok: FakeTokenizer, spec: WorkloadSpec):
+async def build(tok: FakeTokenizer, spec: WorkloadSpec, replay: int = 0):
     async with httpx.AsyncClient(transport=httpx.MockTransport(tok.handle)) as http:
-        return await build_requests(spec, http, "http://engine", "m")
+        return await build_requests(spec, http, "http://engine", "m", replay=replay)
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
@@ -183,6 +184,30 @@ async def test_a_replay_on_the_same_engine_sends_the_same_workload_with_prefixes
     assert shape[0] == shape[1]
     heads = [{tuple((r.prompt or "").split()[:6]) for r in b.requests} for b in (first, second)]
     assert len(heads[1]) == len(second.requests) and not heads[0] & heads[1]
+
+
+async def test_a_trace_replayed_on_the_same_engine_opens_each_prompt_with_the_replay(tmp_path: Path) -> None:
+    """A trace's prompts are its own text: its replay k opens each with a marker of k, so none starts as an
+    earlier replay's did (prefix-cached), while two that share a prefix in the trace still do."""
+    system = {"role": "system", "content": "You are terse. " * 20}
+    lines = [{"prompt": "Summarise: " + "x " * 50 + str(i), "max_tokens": 3} for i in range(2)]
+    lines += [{"messages": [system, {"role": "user", "content": f"q{i}"}], "max_tokens": 4} for i in range(2)]
+    lines.append({"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}], "max_tokens": 2})
+    spec = WorkloadSpec(TraceRequests(write(tmp_path, [json.dumps(x) for x in lines])), Arrivals("concurrency"))
+    first, second, third = [await build(FakeTokenizer(), spec, replay=k) for k in (0, 1, 2)]
+
+    def head(r: RequestSpec) -> str:
+        if r.prompt is not None:
+            return str(r.prompt)[:12]
+        content = r.messages[0]["content"]
+        return (content if isinstance(content, str) else content[0]["text"])[:12]
+
+    assert [r.prompt for r in first.requests[:2]] == [x["prompt"] for x in lines[:2]]  # the first: as written
+    heads = [[head(r) for r in b.requests] for b in (first, second, third)]
+    assert all(a != b != c != a for a, b, c in zip(*heads, strict=True))
+    assert [r.max_tokens for r in second.requests] == [x["max_tokens"] for x in lines]
+    assert second.requests[2].messages[0]["content"] == second.requests[3].messages[0]["content"]  # still shared
+    assert second.requests[2].messages[1:] == first.requests[2].messages[1:]
 
 
 async def test_shared_prefix_for_a_fraction_of_requests() -> None:
