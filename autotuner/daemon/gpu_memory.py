@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from autotuner.daemon.keeper import UTILIZATION, FreeMemory
+from autotuner.daemon.keeper import FreeMemory
 from autotuner.proc_identity import listening_tree
 from autotuner.vllm import defaults
+from autotuner.vllm.flags import UTILIZATION
 from autotuner.watch.inventory import MIB, gpu_holders, gpu_used_bytes
 
 log = structlog.get_logger(__name__)

@@ -32,6 +32,7 @@ from autotuner.daemon.runtime import RuntimeStore
 from autotuner.daemon.state import CycleStore
 from autotuner.deploy import DeployError, DeployTarget
 from autotuner.vllm import defaults
+from autotuner.vllm.flags import UTILIZATION
 
 log = structlog.get_logger("autotuner.daemon")
 
@@ -44,7 +45,6 @@ FIT_MARGIN = 0.01
 FIRST_ATTEMPTS = 2
 # Mitigation: the budget goes to half the crashing step, never below this many tokens.
 MIN_BATCHED_TOKENS = 256
-UTILIZATION = "gpu-memory-utilization"
 BATCHED = "max-num-batched-tokens"
 
 

@@ -53,9 +53,10 @@ from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS, Outcome
 from autotuner.tuner.scenario_memory import DEFAULT_MAX_NUM_SEQS, MAX_MODEL_LEN, Shape, simulated_card_bytes, step_cap
 from autotuner.tuner.space import Space, offload_shape
 from autotuner.vllm import FlagValue
+from autotuner.vllm.flags import UTILIZATION
 
 BUDGET = "max-num-batched-tokens"
-UTIL = "gpu-memory-utilization"
+UTIL = UTILIZATION
 OFFLOAD = "cpu-offload-gb"
 TOKENS = 10_000.0  # budget features in units of 10k tokens: coefficients of order 0.01–0.1
 FEATURES = ("const", "util", "budget", "step", "offload")

@@ -20,6 +20,7 @@ from autotuner.scenario import Scenario, SearchParam
 from autotuner.trials import offload_axis
 from autotuner.tuner.host_ram import PINNED_HOST_PER_GIB
 from autotuner.vllm import FlagValue, ModelLimits, Platform, flag_name, knowledge_for
+from autotuner.vllm.flags import UTILIZATION
 
 log = structlog.get_logger(__name__)
 
@@ -263,7 +264,7 @@ def model_limits(scenario: Scenario) -> ModelLimits | None:
 # vLLM's startup needs utilization × total ≤ the memory free at its snapshot, which already carries the
 # CUDA context and NCCL buffers (~0.3-0.5 GiB, facts note §1) besides other processes' memory.
 CUDA_CONTEXT_MARGIN_BYTES = 512 << 20
-UTIL_FLAG = "gpu-memory-utilization"
+UTIL_FLAG = UTILIZATION
 
 
 def fit_utilization_to_free(space: Space, headroom: tuple[int, int] | None) -> Space:

@@ -25,6 +25,7 @@ from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import constraints_of, feasible, threshold_of
 from autotuner.twin.box import TwinBox
 from autotuner.twin.calibrate import STEPS, Calibration, with_perf
+from autotuner.vllm.flags import UTILIZATION
 
 
 class SearchSpace(Protocol):
@@ -264,15 +265,47 @@ class TwinSearch:
         return sorted((c for c in candidates if c.value is not None), key=lambda c: sign * (c.value or 0.0))
 
     def run(self, extra: Iterable[Mapping[str, Any]] = ()) -> list[Candidate]:
-        """Coarse grid (plus `extra` points: those measured), then two rounds of refinement around the
-        best; the feasible candidates, best first."""
-        for params in [*coarse_grid(self.space), *extra]:
+        """Coarse grid (plus `extra` points: those measured), its memory wall along the utilization, then
+        two rounds of refinement around the best; the feasible candidates, best first."""
+        grid = coarse_grid(self.space)
+        for params in [*grid, *extra]:
+            self.predict(params)
+        for params in self.walls(grid):
             self.predict(params)
         for fraction, top in ((1 / 14, REFINE_TOP), (1 / 28, 1)):
             for c in self._centres(top):
                 for params in neighbours(self.space, c.params, fraction):
                     self.predict(params)
         return self.ranked(self._seen.values())
+
+    def walls(self, grid: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """For each point of the grid's other axes, the highest utilization predicted to fit (room under
+        the OOM limit after the uncertainty margin). The front of a KV-hungry workload lies there, where a
+        latency SLO wants the KV cache and the wall stops it, and the coarse grid steps over it: on a
+        three-axis space it has four utilizations from 0.7 to 0.95, and the band that serves within the
+        SLOs can be 0.91–0.93. The room falls with the utilization (it is the KV cache's), so the wall is
+        found by bisection on the axis's own steps."""
+        dist = self.space.distributions.get(UTILIZATION)
+        if not isinstance(dist, optuna.distributions.FloatDistribution) or dist.high <= dist.low:
+            return []
+        step = dist.step or (dist.high - dist.low) / 50
+        values = sorted({_snap(dist, dist.low + i * step) for i in range(round((dist.high - dist.low) / step) + 1)})
+        rests = {key_of({k: v for k, v in g.items() if k != UTILIZATION}): dict(g) for g in grid}
+        out = []
+        for point in rests.values():
+            def fits(i: int, point: Mapping[str, Any] = point) -> bool:
+                return self.predict({**point, UTILIZATION: values[i]}).margin_bytes >= 0
+
+            lo, hi = 0, len(values) - 1
+            if not fits(lo):
+                continue
+            if fits(hi):
+                lo = hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            out.append({**point, UTILIZATION: values[lo]})
+        return out
 
     def _centres(self, top: int) -> list[Candidate]:
         """Where to refine: the best feasible; short of `top` of them, the serving candidates nearest to

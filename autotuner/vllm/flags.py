@@ -18,6 +18,9 @@ from typing import Literal
 
 from autotuner.errors import UserInputError
 
+# The flag along which the memory wall is crossed: the share of each GPU vLLM takes, its KV cache the rest.
+UTILIZATION = "gpu-memory-utilization"
+
 # A flag's value as a scenario, `--set` or a command line gives it, typed as vLLM parses it.
 FlagValue = bool | int | float | str | list[str | int | float]
 FlagKind = Literal["int", "float", "bool", "str", "list"]
