@@ -212,17 +212,23 @@ def measure_run(sc: Scenario, flags_: dict[str, Any], run: int) -> Observation:
                        int(kv) if isinstance(kv, int) else None)
 
 
-def test_the_twin_finds_a_feasible_band_its_coarse_grid_steps_over() -> None:
-    """A TTFT SLO that only a large KV cache meets puts every feasible point at high utilisation, between
-    the coarse grid's points: the search refines around the nearest misses and finds them."""
+def kv_hungry(concurrency: int, ttft_p95_s: float) -> tuple[Any, TwinSearch]:
+    """Long prompts (1500-3500 tokens) at `concurrency` under a TTFT SLO only a large KV cache meets: the
+    space and the preset twin's search."""
     data = scenario("rtx-4090").model_dump(mode="json", exclude_none=True)
-    data["workload"]["arrivals"]["concurrency"] = 24
+    data["workload"]["arrivals"]["concurrency"] = concurrency
     data["workload"]["requests"].update(count=48, prompt_tokens={"kind": "uniform", "low": 1500, "high": 3500})
-    data["slos"] = {"ttft_p95_s": 10.0}
+    data["slos"] = {"ttft_p95_s": ttft_p95_s}
     sc = Scenario.model_validate(data)
     space = build_space(sc)
     twin = the_twin(sc)
-    search = TwinSearch(twin, sc, space, calibrate(twin, []))
+    return space, TwinSearch(twin, sc, space, calibrate(twin, []))
+
+
+def test_the_twin_finds_a_feasible_band_its_coarse_grid_steps_over() -> None:
+    """A TTFT SLO that only a large KV cache meets puts every feasible point at high utilisation, between
+    the coarse grid's points: the search refines around the nearest misses and finds them."""
+    space, search = kv_hungry(concurrency=24, ttft_p95_s=10.0)
     assert not search.ranked(search.predict(p) for p in coarse_grid(space))  # the grid alone: nothing feasible
     found = search.run()
     assert found and all(c.result.metrics["ttft_p95_s"] <= 10.0 for c in found)
@@ -233,14 +239,7 @@ def test_the_twin_searches_along_its_memory_wall() -> None:
     within the SLO. The coarse grid's four utilizations (0.7 … 0.95) step over it and refining around
     the nearest misses did not reach it (on benchmarks/twin_first.py's 4090-tp1 box the first finalist
     was such a miss, at 0.89); the wall, bisected per point of the other axes, is where it lies."""
-    data = scenario("rtx-4090").model_dump(mode="json", exclude_none=True)
-    data["workload"]["arrivals"]["concurrency"] = 16
-    data["workload"]["requests"].update(count=48, prompt_tokens={"kind": "uniform", "low": 1500, "high": 3500})
-    data["slos"] = {"ttft_p95_s": 6.0}
-    sc = Scenario.model_validate(data)
-    space = build_space(sc)
-    twin = the_twin(sc)
-    search = TwinSearch(twin, sc, space, calibrate(twin, []))
+    space, search = kv_hungry(concurrency=16, ttft_p95_s=6.0)
     grid = coarse_grid(space)
     assert not search.ranked(search.predict(p) for p in grid)
     util = space.distributions[UTILIZATION]
