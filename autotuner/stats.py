@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -76,13 +76,27 @@ def next_high(values: list[float]) -> float | None:
 
 
 def interval(values: list[float], pooled: tuple[float, int] | None = None) -> Interval | None:
-    """None without a value; one value gives a zero-width interval (nothing to say about spread).
+    """The mean with its 95 % interval; None without a value; one value gives a zero-width interval
+    (nothing to say about spread) unless `pooled` does.
 
     `pooled`: a relative spread (the standard deviation of the logs) pooled over configurations measured
     alike, and its degrees of freedom (`pooled_sd` of their logs). Where it has more degrees of freedom
     than the values' own, the half-width stands on it: two runs alone give t = 12.7, an interval too wide
     to tell anything apart. The larger of the two spreads is taken, so that a configuration noisier than
     the rest does not borrow their steadiness; one value then gets an interval too."""
+    return _around(values, pooled, lambda n: 1 / math.sqrt(n))
+
+
+def next_run(values: list[float], pooled: tuple[float, int] | None = None) -> Interval | None:
+    """Where one more run falls, 95 % (mean ± t·s·√(1 + 1/n)): what a single later measurement of the
+    same configuration is to be held against, never the mean's interval. None without a spread."""
+    out = _around(values, pooled, lambda n: math.sqrt(1 + 1 / n))
+    return out if out is not None and (out.n > 1 or out.half_width > 0) else None
+
+
+def _around(values: list[float], pooled: tuple[float, int] | None,
+            factor: Callable[[int], float]) -> Interval | None:
+    """mean ± t·s·factor(n), s and t from the values or from `pooled` (see `interval`)."""
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return None
@@ -90,11 +104,11 @@ def interval(values: list[float], pooled: tuple[float, int] | None = None) -> In
     n = len(finite)
     own = _log_sd(finite) if n >= 2 else 0.0
     if pooled is not None and pooled[1] > n - 1 and own is not None and mean > 0:
-        half = t975(pooled[1]) * max(pooled[0], own) * mean / math.sqrt(n)
-        return Interval(mean, mean - half, mean + half, n)
-    if n == 1:
-        return Interval(mean, mean, mean, 1)
-    half = t975(n - 1) * statistics.stdev(finite) / math.sqrt(n)
+        half = t975(pooled[1]) * max(pooled[0], own) * mean * factor(n)
+    elif n == 1:
+        half = 0.0
+    else:
+        half = t975(n - 1) * statistics.stdev(finite) * factor(n)
     return Interval(mean, mean - half, mean + half, n)
 
 

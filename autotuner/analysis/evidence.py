@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.analysis.lifetimes import lifetime_means, lifetime_of
-from autotuner.stats import Interval, interval, next_high, pooled_log_sd
+from autotuner.stats import Interval, interval, next_high, next_run, pooled_log_sd
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
 
@@ -33,6 +33,8 @@ class Confirmation:
     lifetimes: int = 0  # engine starts among the runs (a lifetime may replay the workload several times)
     bad_runs: list[str] = field(default_factory=list)  # "trial N: outcome — reason" of runs not ok
     intervals: dict[str, Interval] = field(default_factory=dict)
+    # Where one more engine start of it falls (95 %): what a single later run (verify) is held against.
+    next_run: dict[str, Interval] = field(default_factory=dict)
     worst_peak_fraction: float | None = None  # over the original and every confirmation run
     # The larger of the worst peak and what the next engine start's peak may reach (upper 97.5 % prediction
     # bound over the lifetimes' peaks): a bound on their mean would pass a config that runs out of memory
@@ -56,6 +58,7 @@ class Confirmation:
     def to_dict(self) -> dict[str, Any]:
         return {"original": self.original, "runs": self.runs, "lifetimes": self.lifetimes, "bad_runs": self.bad_runs,
                 "intervals": {k: vars(v) for k, v in self.intervals.items()},
+                "next_run": {k: vars(v) for k, v in self.next_run.items()},
                 "worst_peak_fraction": self.worst_peak_fraction, "peak_bound": self.peak_bound,
                 "failed_requests": self.failed_requests,
                 "completed_requests": self.completed_requests,
@@ -102,6 +105,9 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
             iv = interval(means[metric][original], spread[metric])
             if iv is not None:
                 c.intervals[metric] = iv
+            ahead = next_run(means[metric][original], spread[metric])
+            if ahead is not None:
+                c.next_run[metric] = ahead
         c.lifetimes = len({lifetime_of(r) for r in rows})
         # One peak per lifetime: its replays all carry the lifetime's, and copies are no evidence.
         by_lifetime: dict[tuple[int, int | str], float] = {}

@@ -28,11 +28,13 @@ VERIFIED = (("output_tokens_per_s", "output", "tok/s", 1), ("ttft_p95_s", "TTFT 
 
 
 def certificate_figures(certificate: Any, selection: Any) -> dict[str, Any]:
-    """The certificate's figures a later verify is compared with: means, 95 % intervals, their units."""
+    """The certificate's figures a later verify is compared with: means, their 95 % intervals, the range
+    one more run falls in (95 %), their units."""
     c = selection.confirmation
-    return {"metrics": {k: certificate.metrics.get(k) for k in ("output_tokens_per_s", "ttft_p95_s")},
-            "intervals": {k: vars(iv) for k, iv in (c.intervals.items() if c is not None else ())
-                          if k in ("output_tokens_per_s", "ttft_p95_s")},
+    compared = [metric for metric, *_ in VERIFIED]
+    return {"metrics": {k: certificate.metrics.get(k) for k in compared},
+            "intervals": {k: vars(iv) for k, iv in (c.intervals.items() if c is not None else ()) if k in compared},
+            "next_run": {k: vars(iv) for k, iv in (c.next_run.items() if c is not None else ()) if k in compared},
             "basis": certificate.basis,
             "comparison": certificate.comparisons[0]["sentence"] if certificate.comparisons else None}
 
@@ -44,8 +46,10 @@ def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] 
     Verify times production by the wall clock. When production is `autotuner sim serve` at speed-up S,
     its wall clock runs S times faster than the simulated hardware the certificate's figures are in:
     throughput is divided by S and latencies multiplied before they are compared with the
-    certificate's re-measured mean and its 95 % interval. Verify is one run: it is within the
-    interval, or above or below it, never "+x % better"."""
+    certificate. Verify is one run: it is held against the range one more run of the certified config
+    falls in (95 %, from the confirmation's spread), within it or above or below it, never against the
+    mean's interval (a single run falls outside that one often with nothing wrong) and never "+x %
+    better". A certificate from before that range was kept shows its mean only."""
     if not measured:
         return None
     cert = certificate or {}
@@ -58,15 +62,18 @@ def verify_figures(certificate: dict[str, Any] | None, measured: dict[str, Any] 
             continue
         converted = value / scale if metric.endswith("per_s") else value * scale
         iv = (cert.get("intervals") or {}).get(metric)
+        ahead = (cert.get("next_run") or {}).get(metric)
         mean = (cert.get("metrics") or {}).get(metric)
         figures[metric] = {"wall_clock": value, "in_certificate_units": round(converted, 6),
-                           "certificate_mean": mean, "certificate_interval": iv}
+                           "certificate_mean": mean, "certificate_interval": iv, "certificate_next_run": ahead}
         text = f"{name} {converted:.{digits}f} {unit}"
-        if iv:
-            where = ("within" if iv["low"] <= converted <= iv["high"] else
-                     "above" if converted > iv["high"] else "below")
-            text += (f" ({where} the certificate's 95 % interval {iv['low']:.{digits}f}–{iv['high']:.{digits}f}, "
-                     f"mean {iv['mean']:.{digits}f})")
+        if ahead:
+            where = ("within" if ahead["low"] <= converted <= ahead["high"] else
+                     "above" if converted > ahead["high"] else "below")
+            text += (f" ({where} the range one run of the certified config falls in, 95 %: "
+                     f"{ahead['low']:.{digits}f}–{ahead['high']:.{digits}f}; mean {ahead['mean']:.{digits}f})")
+        elif iv:
+            text += f" (certificate: mean {iv['mean']:.{digits}f} of {iv['n']} runs)"
         elif isinstance(mean, int | float):
             text += f" (certificate: {mean:.{digits}f}, one run)"
         sentences.append(text)

@@ -73,6 +73,12 @@ class Verification:
             out.append(f"confirmed: {len(c['runs'])} re-measurements on {starts} engine starts, intervals over the "
                        f"starts (trials {', '.join(map(str, c['runs']))}): "
                        + "; ".join(parts) + f"; worst memory peak {percent(peak)}")
+            ahead = c.get("next_run") or {}
+            ranges = [f"{name} {ahead[metric]['low']:.4g}–{ahead[metric]['high']:.4g} {unit}"
+                      for metric, name, unit in (("output_tokens_per_s", "output", "tok/s"),
+                                                 ("ttft_p95_s", "TTFT p95", "s")) if ahead.get(metric)]
+            if ranges:
+                out.append("one later run of it (`autotuner verify`) falls in (95 %): " + "; ".join(ranges))
         if self.single_shot_best is not None:
             out.append(f"the single-shot best, trial {self.single_shot_best}, did not hold up when re-measured")
         s = self.soak

@@ -169,7 +169,7 @@ async def test_a_notification_from_a_worker_thread_is_sent_from_the_loop(monkeyp
 async def test_the_text_carries_the_comparison_and_the_verify_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a chat channel shows is what the certificate and /status say, word for word."""
     comparison = "no significant difference from your current config (trial 1) — output: …"
-    verified = "verified in production: output 265.9 tok/s (within the certificate's 95 % interval …)"
+    verified = "verified in production: output 265.9 tok/s (within the range one run of the certified config …)"
     async with receiving() as receiver:
         monkeypatch.setenv(HOOK_ENV, receiver.url)
         notifier = Notifier(NotifySettings(webhook_env=HOOK_ENV), "prod-a")

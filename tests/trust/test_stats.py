@@ -7,7 +7,7 @@ import math
 import pytest
 
 from autotuner.errors import UserInputError
-from autotuner.stats import interval, pooled_log_sd
+from autotuner.stats import interval, next_run, pooled_log_sd
 from autotuner.trust.commands import parse_confirm
 
 
@@ -34,6 +34,19 @@ def test_an_interval_on_a_pooled_spread() -> None:
     one = interval([80.0], pooled)  # one run: a width from the others' spread (never a claim: compare.py)
     assert one is not None and one.n == 1 and one.half_width == pytest.approx(2.365 * pooled[0] * 80.0, rel=1e-3)
     assert interval([80.0, 81.6], (0.02, 1)) == alone  # no more degrees of freedom than its own: its own
+
+
+def test_where_one_more_run_falls() -> None:
+    """mean ± t·s·√(1 + 1/n): wider than the mean's interval by √(n + 1), the range a single later run
+    (verify) is held against; from the pooled spread where that has more degrees of freedom."""
+    iv, ahead = interval([1.0, 2.0, 3.0]), next_run([1.0, 2.0, 3.0])
+    assert iv is not None and ahead is not None and ahead.mean == 2.0 and ahead.n == 3
+    assert ahead.half_width == pytest.approx(4.303 * math.sqrt(1 + 1 / 3))
+    assert ahead.half_width == pytest.approx(iv.half_width * 2)  # √(n + 1) = 2
+    pooled = (0.02, 8)
+    one = next_run([100.0], pooled)
+    assert one is not None and one.half_width == pytest.approx(2.306 * 0.02 * 100.0 * math.sqrt(2))
+    assert next_run([100.0]) is None and next_run([]) is None  # one run alone: no spread to say it with
 
 
 @pytest.mark.parametrize("text, plan", [("3x3", (3, 3, 2)), ("2×5", (2, 5, 2)), (" 1 * 2 ", (1, 2, 2)),
