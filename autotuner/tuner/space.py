@@ -264,13 +264,12 @@ def model_limits(scenario: Scenario) -> ModelLimits | None:
 # vLLM's startup needs utilization × total ≤ the memory free at its snapshot, which already carries the
 # CUDA context and NCCL buffers (~0.3-0.5 GiB, facts note §1) besides other processes' memory.
 CUDA_CONTEXT_MARGIN_BYTES = 512 << 20
-UTIL_FLAG = UTILIZATION
 
 
 def fit_utilization_to_free(space: Space, headroom: tuple[int, int] | None) -> Space:
     """Lower the utilization bound to what other processes' memory leaves on the engine's GPUs:
     `headroom` is (total bytes, the largest foreign baseline among them); a higher value cannot start."""
-    dist = space.distributions.get(UTIL_FLAG)
+    dist = space.distributions.get(UTILIZATION)
     if headroom is None or not isinstance(dist, optuna.distributions.FloatDistribution) or headroom[0] <= 0:
         return space
     total_bytes, foreign_bytes = headroom
@@ -288,4 +287,4 @@ def fit_utilization_to_free(space: Space, headroom: tuple[int, int] | None) -> S
     log.warning("space.utilization_clamped", high=high, was=dist.high, foreign_mib=foreign_bytes >> 20,
                 reason="vLLM starts only if utilization × total fits in the memory free at launch")
     new = optuna.distributions.FloatDistribution(low, high, log=dist.log, step=dist.step)
-    return Space(space.params, {**space.distributions, UTIL_FLAG: new})
+    return Space(space.params, {**space.distributions, UTILIZATION: new})
