@@ -325,7 +325,7 @@ def startup_simulated_s(log: Path) -> float:
 
 
 def figures(chaos: Chaos, scenario: dict[str, Any]) -> fig.Figures:
-    from autotuner.daemon.cycle import apply_changes
+    from autotuner.daemon.cycle_context import apply_changes
     from autotuner.daemon.evidence import prompt_cap
     from autotuner.daemon.fingerprints import refusal_fingerprint
     from autotuner.scenario import Scenario

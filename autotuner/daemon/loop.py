@@ -26,29 +26,30 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from autotuner.daemon.adoption import adopt, check_hand_edit, manual_restarts
 from autotuner.daemon.config import LoadedConfig, load_config
-from autotuner.daemon.cycle import CycleContext, CycleDriver, apply_changes
-from autotuner.daemon.evidence import served_evidence
+from autotuner.daemon.cycle import CycleDriver
+from autotuner.daemon.cycle_context import apply_changes
+from autotuner.daemon.drive import drive, start_cycle
 from autotuner.daemon.fingerprints import box_fingerprint, refusal_fingerprint
+from autotuner.daemon.fleet_hooks import fleet_heartbeat
 from autotuner.daemon.gpu_memory import production_foreign, production_free
-from autotuner.daemon.health import DOWN_GRACE_S, HealthWatch
+from autotuner.daemon.health import HealthWatch
 from autotuner.daemon.keeper import FreeMemory, Keeper
 from autotuner.daemon.known_good import KnownGoodChain
+from autotuner.daemon.mitigation import keep_serving
 from autotuner.daemon.notify import Notifier
-from autotuner.daemon.refusals import OOM as OOM_REFUSAL
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
-from autotuner.daemon.state import DEPLOYED, DONE, PROPOSED, WINDOW, Cycle, CycleStore
+from autotuner.daemon.state import DONE, PROPOSED, WINDOW, Cycle, CycleStore
 from autotuner.daemon.status import status_document
-from autotuner.daemon.triggers import CRASH, OOM, Trigger, TriggerWatch, identity
+from autotuner.daemon.triggers import Trigger, TriggerWatch
 from autotuner.errors import UserInputError
-from autotuner.fleet.coordinator import ADOPT_TRIGGER, RETUNE_TRIGGER, ROLLOUT_ID, STUDY, WARM_START, Fleet, Retune
-from autotuner.fleet.membership import group_keys
+from autotuner.fleet.coordinator import ADOPT_TRIGGER, RETUNE_TRIGGER, STUDY, WARM_START, Fleet, Retune
 from autotuner.proc_identity import create_time
 from autotuner.scenario import Scenario
 from autotuner.secrets import remember
 from autotuner.store.db import Store
-from autotuner.watch.fingerprint import model_fingerprint
 from autotuner.watch.inventory import gpu_inventory
 from autotuner.watch.probe import probe
 from autotuner.watch.snapshot import GpuInfo, ProductionSnapshot
@@ -188,7 +189,7 @@ class Daemon:
             cycle = self.states.open_cycle()
             if cycle is not None:
                 self.states.note("resumed", {"state": cycle.state}, cycle.id)
-                await self.drive(cycle)
+                await drive(self, cycle)
             if once and cycle is None:  # --once is one cycle: the resumed one (an approved proposal) is it
                 await self.run_once()
             while not once and not self.stopping.is_set():
@@ -233,7 +234,7 @@ class Daemon:
         await self.poll(force=True)
         if len(self.states.cycles(limit=1_000)) == before and self.states.open_cycle() is None:
             snap, gpus = await self.observe()
-            await self.start_cycle(Trigger(MANUAL, {"why": "daemon run --once"}), snap, gpus)
+            await start_cycle(self, Trigger(MANUAL, {"why": "daemon run --once"}), snap, gpus)
 
     def request_stop(self) -> None:
         assert self.stopping is not None
@@ -286,23 +287,6 @@ class Daemon:
             self.runtime.set(last_poll_success_at=self.last_poll, heartbeat_at=self.last_poll)
         return snap, gpus
 
-    def adopt(self, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> dict[str, Any]:
-        """First sight of production: it becomes the reference, except for a model other than the
-        scenario's, which counts as a swap from the scenario's model. What it runs is the first
-        known-good config."""
-        ref = identity(snap, gpus)
-        scenario = self.loaded.scenario
-        tuned = model_fingerprint(scenario.engine.model, scenario.engine.served_model_name or snap.served_model)
-        if tuned is not None and snap.root != scenario.engine.model:
-            ref.update(model_fingerprint=tuned, root=scenario.engine.model)
-        self.states.set_reference(ref)
-        live = self.target.current()
-        if live is not None:
-            self.chain.record(live, box_fingerprint(ref), "adopted")
-            self.runtime.set(live_flags=live)
-        self.states.note("adopted", {"reference": ref})
-        return ref
-
     async def poll(self, force: bool = False) -> None:
         try:
             await self._poll(force)
@@ -313,34 +297,34 @@ class Daemon:
         snap, gpus = await self.observe()
         ref = self.states.reference()
         if ref is None and snap.reachable:
-            ref = self.adopt(snap, gpus)
+            ref = adopt(self, snap, gpus)
         open_cycle = self.states.open_cycle()
         if snap.reachable and open_cycle is None:
-            self.check_hand_edit()
+            check_hand_edit(self)
         cycles = self.states.cycles(limit=1)
         last_at = cycles[0].started_at if cycles else None
         adopted = self.states.events(kind="adopted", limit=1)
         since = last_at if last_at is not None else (adopted[0].at if adopted else None)
         fired = self.watch.observe(snap, gpus, ref, self.production_scenario(), since)
-        fired = self.manual_restarts(fired, snap)
-        await self.keep_serving(snap, fired)
+        fired = manual_restarts(self, fired, snap)
+        await keep_serving(self, snap, fired)
         if self.fleet is not None and ref is not None:
-            self.fleet_heartbeat(ref, snap.reachable)
+            fleet_heartbeat(self, ref, snap.reachable)
         if open_cycle is not None:  # parked: one cycle at a time; see whether it may go on
             for t in fired:
                 if t.kind not in self.noted:
                     self.noted.add(t.kind)
                     self.states.note("trigger", {"kind": t.kind, "evidence": t.evidence,
                                                  "action": f"cycle {open_cycle.id} in flight ({open_cycle.state})"})
-            await self.drive(open_cycle)
+            await drive(self, open_cycle)
             return
         step = self.fleet.pending(await asyncio.to_thread(self.foreign_memory)) if self.fleet is not None else None
         if isinstance(step, Retune):  # the group's winner, on a box with less memory free: tune for this one
-            await self.start_cycle(Trigger(RETUNE_TRIGGER, step.evidence()), snap, gpus)
+            await start_cycle(self, Trigger(RETUNE_TRIGGER, step.evidence()), snap, gpus)
             return
         if step is not None and self.fleet is not None:  # the group's winner, and this box's turn: adopt it
             if self.fleet.adoption_started(step.rollout.id):
-                await self.start_cycle(Trigger(ADOPT_TRIGGER, self.fleet.adoption_evidence(step)), snap, gpus)
+                await start_cycle(self, Trigger(ADOPT_TRIGGER, self.fleet.adoption_evidence(step)), snap, gpus)
             return
         if not fired:
             return
@@ -369,148 +353,11 @@ class Daemon:
             trigger = Trigger(trigger.kind, {**trigger.evidence, STUDY: answer.study, WARM_START: answer.warm_start,
                                              "fleet": answer.why})
         self.noted.clear()
-        await self.start_cycle(trigger, snap, gpus)
-
-    def manual_restarts(self, fired: list[Trigger], snap: ProductionSnapshot) -> list[Trigger]:
-        """A restart nobody crashed (counters back to zero, no OOM line, serving again): a person's. Noted and
-        adopted, not a reason to re-tune."""
-        out = []
-        for t in fired:
-            if t.kind == CRASH and snap.reachable and "restarted" in str(t.evidence.get("error", "")):
-                self.states.note("manual-restart", {"evidence": t.evidence, "action": "adopted"})
-                continue
-            out.append(t)
-        return out
-
-    def check_hand_edit(self) -> None:
-        """The live file differs from what the daemon last put live: a person edited it. Adopted as the live
-        config (the daemon's rollbacks start from it); it joins the known-good chain only once production
-        has verified on it, which a restart by the daemon does."""
-        rt = self.runtime.get()
-        try:
-            live = self.target.current()
-        except Exception as exc:
-            self.states.note("conflict", {"error": str(exc)})
-            return
-        if rt.live_flags is None or live is None or live == rt.live_flags:
-            return
-        self.states.note("hand-edit", {"before": rt.live_flags, "after": live,
-                                       "action": "adopted as the live config; known-good once production verified "
-                                                 "on it"})
-        self.runtime.set(live_flags=live)
-
-    async def keep_serving(self, snap: ProductionSnapshot, fired: list[Trigger]) -> None:
-        """Production down: bring it back now, whatever the window says (an OOM: on a config with more
-        headroom). A failed bring-up is retried with backoff at later polls."""
-        if snap.reachable and await self.keeper.healthy():
-            self.health.down_seen_at = None
-            return
-        now = time.time()
-        crash = next((t for t in fired if t.kind in (OOM, CRASH)), None)
-        target_down = await asyncio.to_thread(self.target.is_up) is False
-        if target_down and self.health.down_seen_at is None:
-            self.health.down_seen_at = now
-        # A person's restart (stop, then start) is over within seconds: only a service still down after
-        # DOWN_GRACE_S is ours to start, so that the two starts do not race.
-        seen = self.health.down_seen_at
-        target_down = target_down and seen is not None and now - seen >= DOWN_GRACE_S
-        retry_due = self.runtime.get().alarm is not None and now >= self.keeper.next_try_at
-        if crash is None and not target_down and not retry_due:
-            return  # maybe a restart by a person: the crash trigger fires after the grace
-        if self.keeper.next_try_at and time.time() < self.keeper.next_try_at:
-            return
-        live = self.target.current()
-        if crash is not None and crash.kind == OOM and live is not None:
-            await self.mitigate(live, crash)
-            return
-        first = self.keeper.restore_flags(live)
-        await self.keeper.bring_up(f"production down ({crash.kind if crash else 'not running'})", first=first,
-                                   exclude=[live] if live is not None and first != live else [])
-
-    async def mitigate(self, crashed: dict[str, Any], trigger: Trigger) -> None:
-        """An OOM in production: never again this config for this workload, and back up at once on one
-        with more headroom for the step that crashed."""
-        evidence = trigger.evidence
-        prompts = [int(n) for n in evidence.get("crash_prompts") or [] if isinstance(n, int | float)]
-        step = evidence.get("crash_step_tokens")
-        crash_tokens = int(step) if isinstance(step, int | float) else (sum(prompts) if prompts else None)
-        self.refusals.record(self.box(), crashed, OOM_REFUSAL,
-                             "CUDA OOM in production: " + "; ".join(evidence.get("lines") or [])[:500])
-        self.chain.forget(crashed, self.box())
-        flags, why = self.keeper.mitigation(crashed, crash_tokens)
-        detail = {"trigger": trigger.kind, "crashed": crashed, "mitigation": flags, "why": why,
-                  "crash_tokens": crash_tokens}
-        self.states.note("mitigation", detail)
-        self.notify("mitigation", f"emergency mitigation after a production OOM: {why}", detail)
-        result = await self.keeper.bring_up("emergency mitigation after a production OOM", first=flags,
-                                            exclude=[crashed])
-        if result.ok:
-            self.states.note("mitigated", {"flags": result.flags, "source": result.source})
-
-    async def start_cycle(self, trigger: Trigger, snap: ProductionSnapshot, gpus: tuple[GpuInfo, ...]) -> None:
-        # Production's served window is the twin's evidence: read (the live config, the space) only for it.
-        served = served_evidence(self.watch.served_window(), self.target.current(), self.production_scenario()) \
-            if self.config.tune.twin else {}
-        cycle = self.states.begin(trigger.kind, {**trigger.evidence, **served}, identity(snap, gpus))
-        await self.drive(cycle)
+        await start_cycle(self, trigger, snap, gpus)
 
     def own_traffic(self, start_s: float, end_s: float) -> None:
         """The daemon's verify (and soak) prompts are not production's workload: not drift."""
         self.watch.own_traffic(start_s, end_s)
-
-    async def drive(self, cycle: Cycle) -> None:
-        from autotuner.engine.registry import autotuner_home
-
-        assert self.stopping is not None
-        scenario = self.loaded.scenario
-        ctx = CycleContext(self.keeper, self.chain, self.refusals, self.runtime, self.notify, self.own_traffic,
-                           self.fleet)
-        self.driver = CycleDriver(self.loaded, self.states, self.store, self.target, self.stopping,
-                                  autotuner_home() / "logs" / f"{scenario.name}-daemon", ctx)
-        self.active = cycle
-        try:
-            cycle = await self.driver.run(cycle)
-        finally:
-            self.driver = None
-            self.active = None
-        if cycle.state != DONE:
-            return  # parked: the next poll drives it again
-        if self.fleet is not None:
-            self.fleet_cycle_ended(cycle)
-        self.noted.clear()
-        if cycle.outcome == DEPLOYED:  # else the trigger stands and fires again after the backoff
-            await self.refresh_reference(cycle)
-        restarted = cycle.candidate_flags is not None or bool((cycle.scenario or {}).get("drain"))
-        self.watch.forget(restarted=restarted)
-
-    # --- the fleet ------------------------------------------------------------------------------------
-    def fleet_heartbeat(self, ref: dict[str, Any], reachable: bool) -> None:
-        assert self.fleet is not None
-        self.fleet.place(*group_keys(ref, self.production_scenario()))
-        deployed = self.states.last_deployed()
-        cert = deployed.certificate if deployed is not None else None
-        summary = None if cert is None else {"study": cert.get("study"), "trial": cert.get("trial"),
-                                             "lines": (cert.get("lines") or [])[:3]}
-        self.fleet.heartbeat(self.target.current(), summary, reachable and self.runtime.get().alarm is None)
-
-    def fleet_cycle_ended(self, cycle: Cycle) -> None:
-        """What the group learns from this box's cycle: an adoption's end, or a tune's winner (published
-        once deployed and verified here) or its failure (the claim released for another box)."""
-        assert self.fleet is not None
-        ok = cycle.outcome == DEPLOYED
-        if cycle.trigger_kind == ADOPT_TRIGGER:
-            self.fleet.adoption_ended(int(cycle.evidence[ROLLOUT_ID]), ok, None if ok else cycle.reason)
-        elif "fleet" in cycle.evidence:  # a tune the fleet gave this box
-            self.fleet.tune_ended(ok, cycle.reason, cycle.candidate_flags, cycle.certificate, cycle.study_name,
-                                  cycle.candidate_trial, self.foreign_memory() if ok else None)
-
-    async def refresh_reference(self, cycle: Any) -> None:
-        """After a cycle, production as it now runs is the yardstick (so a swap fires once, not forever)."""
-        snap, gpus = await self.observe()
-        if snap.reachable:
-            ref = identity(snap, gpus)
-            ref["study"] = cycle.study_name
-            self.states.set_reference(ref)
 
 
 def run_daemon(config_path: Path, once: bool = False) -> int:

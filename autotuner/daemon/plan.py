@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotuner.daemon.config import load_config
-from autotuner.daemon.cycle import TUNE_SHARE
+from autotuner.daemon.cycle_search import TUNE_SHARE
 from autotuner.daemon.drain import drain_plan
 
 

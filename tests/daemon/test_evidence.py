@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 from autotuner.daemon.config import DriftSettings, TriggerSettings
-from autotuner.daemon.cycle import apply_changes
+from autotuner.daemon.cycle_context import apply_changes
 from autotuner.daemon.evidence import observed_prompts, tune_changes
 from autotuner.daemon.triggers import CRASH, DRIFT, OOM, TriggerWatch, histogram_dict, identity
 from autotuner.scenario import Scenario
