@@ -1,6 +1,6 @@
-"""The daemon's calls into the fleet (daemon/loop.py and daemon/cycle.py): where this box stands in its
-group, whether it tunes, waits or adopts, and what it reports after a cycle. All state is in the shared
-database; this object holds only the box's name, its current group and the settings."""
+"""The daemon's calls into the fleet (daemon/fleet_hooks.py, daemon/cycle.py and its steps): where this box
+stands in its group, whether it tunes, waits or adopts, and what it reports after a cycle. All state is in
+the shared database; this object holds only the box's name, its current group and the settings."""
 
 from __future__ import annotations
 
