@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+import psutil
 import pytest
 import yaml
 from optuna.trial import TrialState
@@ -153,7 +154,12 @@ class GpuWatch(threading.Thread):
                     raw = json.loads((self.holders / name).read_bytes())
                 except (OSError, ValueError):
                     continue
-                sid = self._session(int(raw["pid"]))
+                pid = int(raw["pid"])
+                # A worker that has exited leaves its file for the release delay (sim/gpu_state.py: memory
+                # freed shortly after the process): that is not two engines holding one GPU.
+                if not _running(pid):
+                    continue
+                sid = self._session(pid)
                 if sid is None or not raw["bytes"]:
                     continue
                 gpu = int(raw["gpu"])
@@ -165,6 +171,13 @@ class GpuWatch(threading.Thread):
             self.shared += [f"GPU {gpu}: engines {sorted(s)}" for gpu, s in on_gpu.items() if len(s) > 1]
             self.most_at_once = max(self.most_at_once, len(set().union(*on_gpu.values())) if on_gpu else 0)
             time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture
