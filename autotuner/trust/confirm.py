@@ -12,9 +12,6 @@ Each repeat is an engine lifetime (a restart). In the first two rounds each life
 workload up to `replays` times; later rounds replay only where those showed the spread to be within a
 lifetime at least as much as between lifetimes (analysis/lifetimes.py), else every repeat is a restart.
 Intervals and racing stand on lifetimes, a lifetime's figure being the mean of its replays.
-
-A reference's search run is one of its R lifetimes (it was run for being the reference, not picked for
-being good: analysis/evidence.py), so it gets R − 1 confirmation lifetimes, sitting out the last round.
 """
 
 from __future__ import annotations
@@ -119,8 +116,6 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
     check = offload.check(results[0], data.trials)
     for k, result in enumerate(results):
         extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
-        if t.trial_number in report.references:  # its search run then counts as a lifetime (evidence.py)
-            extra["reference"] = True
         if check is not None:
             extra["offload"] = check
         number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
@@ -227,7 +222,6 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
              repeats=repeats, replays=replays)
     raced = list(measured)
-    budget = repeats * len(candidates) + max(1, repeats - 1) * len(refs)
     per_lifetime = max(1, replays)
     study = ctx.study()
     for rep in range(repeats):
@@ -242,11 +236,11 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
             per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
         plan = None
-        now = [t for t in raced if t.trial_number not in report.references or rep < max(1, repeats - 1)]
         if soak_s and rep == repeats - 1:
-            now, plan = _leader_last(ctx, now, policy, soak_s)
-        for t in now:  # interleaved: A B C A B C …
-            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, plan if t is now[-1] else None)
+            raced, plan = _leader_last(ctx, raced, policy, soak_s)
+        for t in raced:  # interleaved: A B C A B C …
+            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, repeats * len(measured),
+                            plan if t is raced[-1] else None)
     if max(report.replays, default=1) > 1:
         _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
     data = ctx.data()

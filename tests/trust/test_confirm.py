@@ -65,34 +65,6 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     assert soaked is not None and soaked.passed is not None
 
 
-
-def test_a_reference_sits_out_the_last_round_its_search_run_one_of_its_lifetimes(tmp_path: Path) -> None:
-    # The user's current config at 0.84 (~8 % below the best, 0.92): a reference, never a candidate here.
-    t = tune(tmp_path, scenario(**UTIL_SPACE, current_config={UTIL: 0.84}, **{"engine.sim.noise": 0.03}), trials=4)
-    confirmed, _ = t.trust(top=1, repeats=3, soak_s=0)
-    assert confirmed is not None and len(confirmed.candidates) == 1 and confirmed.references
-    rows = t.store.trials(t.study)
-    ref = next(r.trial_number for r in rows if r.kind == "current")
-    assert ref in confirmed.references
-    runs = {n: [r for r in rows if r.kind == "confirm" and r.result["confirms"] == n]
-            for n in confirmed.candidates + confirmed.references}
-    starts = {n: len({r.result["lifetime"] for r in rs}) for n, rs in runs.items()}
-    best = confirmed.candidates[0]
-    assert starts[best] == 3 and all(1 <= starts[n] <= 2 for n in confirmed.references), starts
-    assert confirmed.lifetimes == sum(starts.values())
-    assert not confirmed.summaries[best].search_run
-    summary = confirmed.summaries[ref]
-    assert summary.search_run and all(r.result.get("reference") is True for r in runs[ref])
-    iv = summary.intervals["output_tokens_per_s"]
-    assert iv.n == starts[ref] + 1 == summary.lifetimes + 1
-    by_lifetime: dict[int, list[float]] = {}
-    for r in runs[ref]:
-        by_lifetime.setdefault(r.result["lifetime"], []).append(r.metrics["output_tokens_per_s"])
-    search = next(r for r in rows if r.trial_number == ref).metrics["output_tokens_per_s"]
-    means = [search, *(sum(v) / len(v) for v in by_lifetime.values())]
-    assert iv.mean == pytest.approx(sum(means) / len(means))
-
-
 def test_export_refuses_what_was_not_confirmed_and_soaked(tmp_path: Path) -> None:
     t = tune(tmp_path, scenario(**UTIL_SPACE), trials=3)
     out = tmp_path / "v.json"
