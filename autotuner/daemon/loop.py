@@ -41,7 +41,7 @@ from autotuner.daemon.mitigation import keep_serving
 from autotuner.daemon.notify import Notifier
 from autotuner.daemon.refusals import Refusals, backoff_s
 from autotuner.daemon.runtime import RuntimeStore
-from autotuner.daemon.state import DONE, PROPOSED, WINDOW, Cycle, CycleStore
+from autotuner.daemon.state import DONE, Cycle, CycleStore
 from autotuner.daemon.status import status_document
 from autotuner.daemon.triggers import Trigger, TriggerWatch
 from autotuner.errors import UserInputError
@@ -57,7 +57,6 @@ from autotuner.watch.snapshot import GpuInfo, ProductionSnapshot
 log = structlog.get_logger("autotuner.daemon")
 
 MANUAL = "manual"  # the trigger of `daemon run --once` when nothing else fired
-PARKED = (WINDOW, PROPOSED)
 
 
 class Daemon:
@@ -359,7 +358,3 @@ class Daemon:
         """The daemon's verify (and soak) prompts are not production's workload: not drift."""
         self.watch.own_traffic(start_s, end_s)
 
-
-def run_daemon(config_path: Path, once: bool = False) -> int:
-    daemon = Daemon(config_path)
-    return asyncio.run(daemon.run(once=once))
