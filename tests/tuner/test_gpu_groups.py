@@ -23,11 +23,13 @@ from optuna.trial import TrialState
 from autotuner.engine.gpu_locks import GpuInUseError, GpuLocks
 from autotuner.engine.registry import group_members
 from autotuner.errors import UserInputError
+from autotuner.proc_identity import same_start
 from autotuner.scenario import load_scenario
-from autotuner.sim.gpu_state import HOLDERS_DIR
+from autotuner.sim.gpu_state import HOLDERS_DIR, release_delay_s
 from autotuner.store.db import Store
 from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.groups import WHOLE_BOX, GroupSlots, gpus_per_trial, parse_setting, plan_groups
+from autotuner.tuner.lifecycle import RELEASE_TOLERANCE_BYTES
 from tests.support.faults import processes_of_home
 from tests.support.quickstart import optuna_trials, tune_cmd
 
@@ -125,57 +127,65 @@ class GpuWatch(threading.Thread):
         self.holders = state / HOLDERS_DIR
         self.stop = threading.Event()
         self.engines: dict[int, Engine] = {}  # session id -> engine
-        self.sid_of: dict[int, int] = {}
+        self.sid_of: dict[tuple[int, float], int] = {}  # (pid, start time) -> session
         self.shared: list[str] = []  # samples where two engines held one GPU
         self.most_at_once = 0
         self.samples = 0
 
-    def _session(self, pid: int) -> int | None:
-        if pid not in self.sid_of:
+    def _session(self, key: tuple[int, float]) -> int | None:
+        if key not in self.sid_of:
             try:
-                sid = os.getsid(pid)
+                sid = os.getsid(key[0])
                 cmdline = Path(f"/proc/{sid}/cmdline").read_bytes().split(b"\0")
             except (OSError, ProcessLookupError):
                 return None
             port = int(cmdline[cmdline.index(b"--port") + 1]) if b"--port" in cmdline else None
-            self.sid_of[pid] = sid
+            self.sid_of[key] = sid
             self.engines.setdefault(sid, Engine(port))
-        return self.sid_of[pid]
+        return self.sid_of[key]
 
     def run(self) -> None:
         while not self.stop.is_set():
             on_gpu: dict[int, set[int]] = defaultdict(set)
             try:
-                names = os.listdir(self.holders)
+                entries = list(os.scandir(self.holders))
             except FileNotFoundError:
-                names = []
-            for name in names:
+                entries = []
+            now = time.time()
+            for entry in entries:
                 try:
-                    raw = json.loads((self.holders / name).read_bytes())
+                    mtime = entry.stat().st_mtime
+                    raw = json.loads(Path(entry.path).read_bytes())
                 except (OSError, ValueError):
                     continue
-                pid = int(raw["pid"])
-                # A worker that has exited leaves its file for the release delay (sim/gpu_state.py: memory
-                # freed shortly after the process): that is not two engines holding one GPU.
-                if not _running(pid):
-                    continue
-                sid = self._session(pid)
+                # A worker is known by its pid and start time: under the suite's load pids wrap (pid_max
+                # 32768), and a reused pid is another engine's worker.
+                key = (int(raw["pid"]), float(raw["create_time"]))
+                running = _running(*key)
+                # A worker that has exited leaves its file, and its last peak, for the release delay; its
+                # engine was learnt while it ran. The peak still counts (an engine stopped right after its
+                # peak); the GPU counts as held only while the simulator counts the memory as held and more
+                # of it than the tuner's release check lets through (lifecycle.py).
+                sid = self._session(key) if running else self.sid_of.get(key)
                 if sid is None or not raw["bytes"]:
                     continue
                 gpu = int(raw["gpu"])
                 engine = self.engines[sid]
                 engine.gpus.add(gpu)
                 engine.peak[gpu] = max(engine.peak.get(gpu, 0), int(raw.get("peak_bytes", raw["bytes"])))
-                on_gpu[gpu].add(sid)
+                if running or (now - mtime < release_delay_s() and int(raw["bytes"]) > RELEASE_TOLERANCE_BYTES):
+                    on_gpu[gpu].add(sid)
             self.samples += 1
             self.shared += [f"GPU {gpu}: engines {sorted(s)}" for gpu, s in on_gpu.items() if len(s) > 1]
             self.most_at_once = max(self.most_at_once, len(set().union(*on_gpu.values())) if on_gpu else 0)
             time.sleep(0.02)
 
 
-def _running(pid: int) -> bool:
+def _running(pid: int, born: float) -> bool:
     try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        proc = psutil.Process(pid)
+        return same_start(proc.create_time(), born) and \
+            proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.Error:
         return False
 
