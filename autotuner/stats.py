@@ -65,14 +65,23 @@ def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int] | None:
     return None if df == 0 else (math.sqrt(squares / df), df)
 
 
-def next_high(values: list[float]) -> float | None:
+def next_high(values: list[float], pooled: tuple[float, int] | None = None) -> float | None:
     """The upper 97.5 % prediction bound of one more draw (mean + t·s·√(1 + 1/n)): what the next run may
-    reach, which a bound on the mean (`interval`) does not say. None below two values."""
+    reach, which a bound on the mean (`interval`) does not say. None below two values unless `pooled`
+    gives the spread.
+
+    `pooled`: a standard deviation in the values' own units pooled over groups measured alike, with its
+    degrees of freedom; where it has more than the values' own, s is the larger of the two at its t.
+    Four lucky draws can agree to a tenth of a percent while the spread the others show puts every
+    other start past the limit."""
     finite = [v for v in values if math.isfinite(v)]
-    if len(finite) < 2:
-        return None
     n = len(finite)
-    return statistics.fmean(finite) + t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n)
+    if n == 0 or (n < 2 and pooled is None):
+        return None
+    own = statistics.stdev(finite) if n >= 2 else 0.0
+    if pooled is not None and pooled[1] > n - 1:
+        return statistics.fmean(finite) + t975(pooled[1]) * max(pooled[0], own) * math.sqrt(1 + 1 / n)
+    return statistics.fmean(finite) + t975(n - 1) * own * math.sqrt(1 + 1 / n)
 
 
 def interval(values: list[float], pooled: tuple[float, int] | None = None) -> Interval | None:

@@ -25,8 +25,8 @@ the ground truth it is judged against.
 - starts to a verified winner: the engine runs until the study's final pick was first measured (the
   twin: until it converged or its pick was measured), plus the engine runs of the trust phase as `tune`
   runs it (`confirm` of DEFAULT_TOP × DEFAULT_REPEATS with its references, racing, then the soaks),
-  measured; `trust_unraced` is what confirmation would have cost without racing (every configuration
-  confirmed measured DEFAULT_REPEATS times).
+  measured; `trust_unraced` is what confirmation would have cost without racing (every candidate
+  measured DEFAULT_REPEATS times, a reference one fewer: its search run counts).
 - prod (`--production`): the twin, started as the daemon starts it, with production's served window: a
   simulator process serving the box file as production (vLLM's defaults where they serve, else the first
   of a lower utilization, then some offload, that serves: what a person runs after an OOM), Poisson
@@ -224,7 +224,9 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
     # A soak on the engine of the winner's last confirmation run starts none of its own.
     soaks = sum(not v.after_confirm for v in soaked.verdicts) if soaked is not None else 0
     raced = confirmed.lifetimes if confirmed is not None else 0
-    unraced = len(confirmed.candidates + confirmed.references) * DEFAULT_REPEATS if confirmed is not None else 0
+    # Without racing: R lifetimes a candidate, R − 1 a reference (its search run the R-th).
+    unraced = (len(confirmed.candidates) * DEFAULT_REPEATS + len(confirmed.references) * max(1, DEFAULT_REPEATS - 1)
+               if confirmed is not None else 0)
     return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks, first_err)
 
 

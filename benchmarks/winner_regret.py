@@ -1,7 +1,7 @@
 """Does the exported winner hold up? Single-shot best against confirmed-and-soaked best, under noise
 (printed, not asserted).
 
-    .venv/bin/python benchmarks/winner_regret.py [--seeds 20] [--trials 12] [--jobs 2] [--noise 0.03]
+    .venv/bin/python benchmarks/winner_regret.py [--seeds 20] [--first-seed 0] [--trials 12] [--jobs 2] [--noise 0.03]
                                                  [--within 0.0] [--replays 2]
 
 Two cases of benchmarks/sample_efficiency.py (the quickstart, Llama-2-13B TP 8 on 8x RTX 3090, and
@@ -19,6 +19,10 @@ with the highest noise-free throughput; its true mean is its own 10 fresh re-mea
   mean); p50 over seeds.
 - soak_caught: seeds where the soak failed at least one confirmed candidate.
 - starts: engine starts of the trust phase (confirmation lifetimes and soaks); mean over seeds.
+- vs defaults (where vLLM's defaults served and were confirmed beside the winner): ref_err, the claimed
+  difference from them (ours / theirs − 1, confirmed means) against the re-measured one, p50; ref_wrong,
+  seeds where the certificate called the difference beyond the noise and the re-measured one has the
+  other sign; ref_claims, seeds where it called it beyond the noise at all.
 
 `--noise` is the spread between engine lifetimes; `--within` adds a spread between replays of the
 workload on one engine (sim/noise.py; vLLM's measured split is mostly within, benchmarks/noise_split.py)
@@ -46,6 +50,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from sample_efficiency import CASES  # noqa: E402
 
+from autotuner.analysis.compare import Verdict, compare  # noqa: E402
+from autotuner.analysis.evidence import confirmations  # noqa: E402
 from autotuner.analysis.selection import select  # noqa: E402
 from autotuner.scenario import Scenario  # noqa: E402
 from autotuner.store.db import Store  # noqa: E402
@@ -112,6 +118,19 @@ def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
         ours_m = remeasure(world, searched(picked.chosen.flags, sc), fresh + 2)
         c = picked.confirmation
         claim = c.intervals[THROUGHPUT].mean if c is not None and THROUGHPUT in c.intervals else None
+        vs_defaults = None
+        trials = store.trials(summary.study_name)
+        baseline = next((t for t in trials if t.kind == "baseline"), None)
+        found = confirmations(trials)
+        if baseline is not None and claim and not refused and baseline.trial_number in found:
+            verdict = compare(picked.chosen, baseline, found)
+            d = next((d for d in verdict.differences if d.metric == THROUGHPUT), None)
+            if verdict.verdict != Verdict.SAME and d is not None:
+                ref_m = remeasure(world, searched(baseline.flags, sc), fresh + 3)
+                claimed, true = d.ours.mean / d.theirs.mean - 1, ours_m / ref_m - 1
+                vs_defaults = {"err": abs(claimed - true), "beyond": d.better is not None, "claimed": claimed,
+                               "true": true, "n": (d.ours.n, d.theirs.n),
+                               "wrong": d.better is not None and d.better != (true > 0)}
         return {"case": case, "seed": seed, "best": best, "naive": naive_m, "ours": ours_m, "refused": refused,
                 "claim_err": abs(claim - ours_m) / ours_m if claim and ours_m else None,
                 "naive_claim_err": abs(float(naive.metrics[THROUGHPUT]) - naive_m) / naive_m if naive_m else None,
@@ -119,13 +138,14 @@ def one(case: str, seed: int, trials: int, noise: float, within: float = 0.0,
                 # A soak on the engine of the winner's last confirmation run starts none of its own.
                 "starts": (confirmed.lifetimes if confirmed else 0)
                 + (sum(not getattr(v, "after_confirm", False) for v in soaked.verdicts) if soaked else 0),
-                "replays": confirmed.replays if confirmed else [],
+                "replays": confirmed.replays if confirmed else [], "vs_defaults": vs_defaults,
                 "soak_caught": bool(soaked and any(not v.passed for v in soaked.verdicts))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed … first-seed + seeds − 1")
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.03)
@@ -134,13 +154,15 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = parser.parse_args()
     t0 = time.time()
-    jobs = [(case, seed) for case in args.cases for seed in range(args.seeds)]
+    jobs = [(case, seed) for case in args.cases for seed in range(args.first_seed, args.first_seed + args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, *zip(*jobs, strict=True), [args.trials] * len(jobs), [args.noise] * len(jobs),
                              [args.within] * len(jobs), [args.replays] * len(jobs)))
     for r in rows:
         print(f"  {r['case']} seed {r['seed']}: best {r['best']:.1f}, naive {r['naive']:.1f}, ours {r['ours']:.1f} "
-              f"tok/s{' (refused)' if r['refused'] else ''}", file=sys.stderr)
+              f"tok/s{' (refused)' if r['refused'] else ''}"
+              + (f"; vs defaults claimed {v['claimed']:+.1%} re-measured {v['true']:+.1%}"
+                 f"{' (beyond the noise)' if v['beyond'] else ''}" if (v := r["vs_defaults"]) else ""), file=sys.stderr)
     for case in args.cases:
         mine = [r for r in rows if r["case"] == case]
         naive = sum(r["naive"] <= 0.9 * r["best"] for r in mine) / len(mine)
@@ -160,10 +182,13 @@ def main() -> None:
     naive_all = sum(r["naive"] <= 0.9 * r["best"] for r in rows) / len(rows)
     ours_all = sum(not r["refused"] and r["ours"] <= 0.9 * r["best"] for r in rows) / len(rows)
     errs = [r["claim_err"] for r in rows if r["claim_err"] is not None]
+    vs = [r["vs_defaults"] for r in rows if r["vs_defaults"] is not None]
     print(f"wall {time.time() - t0:.0f} s")
     print(f"naive_regret10={naive_all:.3f} ours_regret10={ours_all:.3f} "
           f"claim_err_p50={statistics.median(errs) if errs else float('nan'):.4f} "
-          f"soak_caught={sum(r['soak_caught'] for r in rows)} starts={statistics.fmean(r['starts'] for r in rows):.2f}")
+          f"soak_caught={sum(r['soak_caught'] for r in rows)} starts={statistics.fmean(r['starts'] for r in rows):.2f} "
+          f"ref_err_p50={statistics.median(v['err'] for v in vs) if vs else float('nan'):.4f} "
+          f"ref_wrong={sum(v['wrong'] for v in vs)} ref_claims={sum(v['beyond'] for v in vs)}/{len(vs)}")
 
 
 if __name__ == "__main__":

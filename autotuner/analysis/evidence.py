@@ -6,7 +6,12 @@ selects and certifies from these.
 The intervals stand on the run-to-run spread pooled over every configuration confirmed in the study
 (relative, as the spread is a share of the figure; racing's test stands on the same): racing leaves a
 beaten reference two lifetimes, and two runs alone would give an interval about five times as wide as
-the pooled one for the same spread (t = 12.7 at one degree of freedom, against ~2.3 at eight)."""
+the pooled one for the same spread (t = 12.7 at one degree of freedom, against ~2.3 at eight).
+
+A reference's search run (vLLM's defaults, the user's current config) is one of its lifetimes: it was run
+because it is the reference, never picked from the others for being good, so it carries none of the
+winner's curse that keeps a candidate's search run out of its mean. Its confirmation runs say so
+(`reference` in their result); confirmation then spends one engine start fewer on it (trust/confirm.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.analysis.lifetimes import lifetime_means, lifetime_of
-from autotuner.stats import Interval, interval, next_high, next_run, pooled_log_sd
+from autotuner.stats import Interval, interval, next_high, next_run, pooled_log_sd, pooled_sd
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
 
@@ -43,6 +48,7 @@ class Confirmation:
     failed_requests: int = 0
     completed_requests: int = 0
     offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
+    search_run: bool = False  # a reference's: its search run is one of the lifetimes the intervals stand on
 
     @property
     def offload_failed(self) -> bool:
@@ -62,7 +68,7 @@ class Confirmation:
                 "worst_peak_fraction": self.worst_peak_fraction, "peak_bound": self.peak_bound,
                 "failed_requests": self.failed_requests,
                 "completed_requests": self.completed_requests,
-                "offload": self.offload}
+                "offload": self.offload, "search_run": self.search_run}
 
 
 @dataclass
@@ -90,14 +96,19 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
     for t in trials:
         if t.kind == "confirm" and isinstance(t.result.get("confirms"), int):
             runs.setdefault(int(t.result["confirms"]), []).append(t)
-    ok_rows = {original: [r for r in rows if r.outcome == Outcome.OK and r.state == "COMPLETE"]
-               for original, rows in runs.items()}
-    means = {metric: {original: lifetime_means(ok, metric) for original, ok in ok_rows.items()}
+    ok_rows = {original: [r for r in rows if _ok(r)] for original, rows in runs.items()}
+    lifetimes = {original: ([by_number[original], *ok] if _counts_search_run(runs[original], by_number.get(original))
+                            else ok) for original, ok in ok_rows.items()}
+    means = {metric: {original: lifetime_means(rows, metric) for original, rows in lifetimes.items()}
              for metric in SUMMARISED}
     spread = {metric: pooled_log_sd(list(by_original.values())) for metric, by_original in means.items()}
+    peaks = {original: _lifetime_peaks(rows, by_number.get(original)) for original, rows in runs.items()}
+    # The allocator's run-to-run jitter is the box's, not one configuration's: pooled, as the spread is.
+    peak_spread = pooled_sd(list(peaks.values()))
     out: dict[int, Confirmation] = {}
     for original, rows in runs.items():
         c = Confirmation(original, [r.trial_number for r in rows])
+        c.search_run = lifetimes[original] is not ok_rows[original]
         ok = ok_rows[original]
         c.bad_runs = [f"trial {r.trial_number}: {r.outcome}" + (f" — {r.reason}" if r.reason else "")
                       for r in rows if r not in ok]
@@ -109,20 +120,11 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
             if ahead is not None:
                 c.next_run[metric] = ahead
         c.lifetimes = len({lifetime_of(r) for r in rows})
-        # One peak per lifetime: its replays all carry the lifetime's, and copies are no evidence.
-        by_lifetime: dict[tuple[int, int | str], float] = {}
-        for r in rows:
-            peak = r.memory.get("peak_fraction")
-            if isinstance(peak, int | float):
-                key = lifetime_of(r)
-                by_lifetime[key] = max(float(peak), by_lifetime.get(key, 0.0))
-        peaks: list[object] = list(by_lifetime.values())
-        if original in by_number:
-            peaks.append(by_number[original].memory.get("peak_fraction"))
-        seen = [float(p) for p in peaks if isinstance(p, int | float)]
+        seen = peaks[original]
         c.worst_peak_fraction = max(seen) if seen else None
-        reach = next_high(seen)
-        c.peak_bound = max([*seen, *([reach] if reach is not None else [])]) if seen else None
+        # A memory bound errs high: on its own spread at its own t, and on the box's.
+        reach = [b for b in (next_high(seen), next_high(seen, peak_spread)) if b is not None]
+        c.peak_bound = max([*seen, *reach]) if seen else None
         c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
         c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
         checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]
@@ -130,6 +132,29 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
             c.offload = next((x for x in checks if x.get("verified") is False), checks[-1])
         out[original] = c
     return out
+
+
+def _lifetime_peaks(rows: list[TrialRecord], original: TrialRecord | None) -> list[float]:
+    """One peak fraction per engine lifetime of the configuration, its search run's among them: a
+    lifetime's replays all carry the lifetime's peak, and copies are no evidence."""
+    by_lifetime: dict[tuple[int, int | str], float] = {}
+    for r in rows:
+        peak = r.memory.get("peak_fraction")
+        if isinstance(peak, int | float):
+            key = lifetime_of(r)
+            by_lifetime[key] = max(float(peak), by_lifetime.get(key, 0.0))
+    found: list[object] = list(by_lifetime.values())
+    if original is not None:
+        found.append(original.memory.get("peak_fraction"))
+    return [float(p) for p in found if isinstance(p, int | float)]
+
+
+def _ok(t: TrialRecord) -> bool:
+    return t.outcome == Outcome.OK and t.state == "COMPLETE"
+
+
+def _counts_search_run(rows: list[TrialRecord], original: TrialRecord | None) -> bool:
+    return original is not None and _ok(original) and any(r.result.get("reference") is True for r in rows)
 
 
 def soaks(trials: list[TrialRecord]) -> dict[int, list[SoakVerdict]]:

@@ -1,18 +1,19 @@
 """Racing the confirmation: stop re-measuring what is already beaten.
 
-Confirmation measures every candidate and reference R times, interleaved; most of those engine starts go
-to configurations that the first round already shows to be clearly worse. As F-race and irace do for
-algorithm configuration, after each round a configuration that another one beats, significantly and on
-every objective, is measured no more; the others go on. What the certificate stands on is unchanged: the
-confirmed best always gets all R runs, and the references keep at least two (so a comparison with them
-stands on an interval, never on one run).
+Confirmation measures every candidate R times and every reference R − 1 (its search run the R-th),
+interleaved; most of those engine starts go to configurations that the first round already shows to be
+clearly worse. As F-race and irace do for algorithm configuration, after each round a configuration that
+another one beats, significantly and on every objective, is measured no more; the others go on. What the
+certificate stands on is unchanged: the confirmed best always gets all R runs, and the references keep at
+least two (so a comparison with them stands on an interval, never on one run: a reference's search run is
+one of them, as it is in its interval, analysis/evidence.py).
 
 The test, in log space (run-to-run spread is a share of the figure, ~3 %): the leader's mean over its
-confirmation runs only (its search run was picked for being lucky), the other's over its search run and
-its confirmation runs (that search run favours it: the test can only be slower to drop it); their
-difference against Student's t at 95 % of the spread pooled over every configuration raced, which needs
-at least two degrees of freedom. A lifetime that replayed the workload counts once, at the mean of its
-replays (analysis/lifetimes.py).
+confirmation runs only (its search run was picked for being lucky; a reference's was not, and counts), the
+other's over its search run and its confirmation runs (that search run favours it: the test can only be
+slower to drop it); their difference against Student's t at 95 % of the spread pooled over every
+configuration raced, which needs at least two degrees of freedom. A lifetime that replayed the workload
+counts once, at the mean of its replays (analysis/lifetimes.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from autotuner.stats import pooled_sd, t975
 from autotuner.store.db import TrialRecord
 from autotuner.trials.outcomes import Outcome
 
-# Confirmation runs a configuration has before it may be dropped: a candidate one; a reference two.
+# Lifetimes a configuration has before it may be dropped: a candidate one confirmation run; a reference
+# two, its search run one of them.
 MIN_RUNS, MIN_REFERENCE_RUNS = 1, 2
 
 
@@ -33,10 +35,10 @@ def _log(value: object) -> float | None:
     return math.log(float(value)) if isinstance(value, int | float) and value > 0 else None
 
 
-def _samples(trials: Iterable[TrialRecord], raced: set[int], metric: str) -> tuple[dict[int, list[float]],
-                                                                                    dict[int, list[float]]]:
-    """Per original: its confirmation lifetimes' values (each the mean of its replays), and its search
-    run's value (logs; ok runs only)."""
+def _samples(trials: Iterable[TrialRecord], raced: set[int], references: set[int],
+             metric: str) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Per original: its lifetimes' values (each the mean of its replays; a reference's search run among
+    them), and a candidate's search run's value (logs; ok runs only)."""
     confirm_rows: dict[int, list[TrialRecord]] = {n: [] for n in raced}
     first: dict[int, list[float]] = {n: [] for n in raced}
     for t in trials:
@@ -48,6 +50,8 @@ def _samples(trials: Iterable[TrialRecord], raced: set[int], metric: str) -> tup
             if v is not None:
                 first[t.trial_number].append(v)
     runs = {n: lifetime_means(rows, metric, _log) for n, rows in confirm_rows.items()}
+    for n in raced & references:
+        runs[n], first[n] = first[n] + runs[n], []
     return runs, first
 
 
@@ -64,7 +68,7 @@ def beaten(trials: Sequence[TrialRecord], raced: list[int], references: set[int]
     alive = [n for n in raced if n not in out]
     per_metric = []
     for metric, direction in objectives:
-        runs, first = _samples(trials, set(alive), metric)
+        runs, first = _samples(trials, set(alive), references, metric)
         spread = pooled_sd([first[n] + runs[n] for n in alive])
         if spread is None or spread[1] < 2:
             return out

@@ -253,7 +253,8 @@ def verification_section(analysis: Analysis, soak_memory: Image | str | None) ->
             thr, ttft = c.intervals.get("output_tokens_per_s"), c.intervals.get("ttft_p95_s")
             last = last_soak(soaked, number)
             soak_text = "-" if last is None else ("passed" if last.passed else f"failed: {shorten(last.reason or '')}")
-            rows.append([_trial_label(number, analysis.study), f"{len(c.runs)} on {c.lifetimes} starts",
+            rows.append([_trial_label(number, analysis.study), f"{len(c.runs)} on {c.lifetimes} starts"
+                         + (" + its search run" if c.search_run else ""),
                          f"{thr.mean:.1f} ± {thr.half_width:.1f}" if thr else "-",
                          f"{ttft.mean:.3f} ± {ttft.half_width:.3f} s" if ttft else "-",
                          percent(c.worst_peak_fraction), shorten("; ".join(c.bad_runs)) or "-",

@@ -12,6 +12,9 @@ Each repeat is an engine lifetime (a restart). In the first two rounds each life
 workload up to `replays` times; later rounds replay only where those showed the spread to be within a
 lifetime at least as much as between lifetimes (analysis/lifetimes.py), else every repeat is a restart.
 Intervals and racing stand on lifetimes, a lifetime's figure being the mean of its replays.
+
+A reference's search run is one of its R lifetimes (it was run for being the reference, not picked for
+being good: analysis/evidence.py), so it gets R − 1 confirmation lifetimes, sitting out the last round.
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
     check = offload.check(results[0], data.trials)
     for k, result in enumerate(results):
         extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
+        if t.trial_number in report.references:  # its search run then counts as a lifetime (evidence.py)
+            extra["reference"] = True
         if check is not None:
             extra["offload"] = check
         number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
@@ -140,18 +145,21 @@ class SoakPlan:
     text: str
 
 
-def _leader_last(ctx: TrustContext, raced: list[TrialRecord], policy: str,
-                 soak_s: float) -> tuple[list[TrialRecord], SoakPlan | None]:
-    """The last round's order with the confirmed best so far last, and the soak its engine serves after
-    its replays: when it holds, its verified lifetime is already under way."""
+def _leader(ctx: TrustContext, raced: list[TrialRecord], policy: str) -> TrialRecord | None:
+    """The confirmed best so far among `raced`: the only one left when the runs cannot rank yet."""
     data = ctx.data()
     ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), confirmations(data.trials),
                                soaks(data.trials))
     alive = {t.trial_number: t for t in raced}
     leader = next((alive[t.trial_number] for t in ranked if t.trial_number in alive), None)
-    if leader is None and len(raced) == 1:  # too few runs yet for a ranking: the only one left
-        leader = raced[0]
-    if leader is None:
+    return raced[0] if leader is None and len(raced) == 1 else leader
+
+
+def _leader_last(ctx: TrustContext, raced: list[TrialRecord], leader: TrialRecord | None,
+                 soak_s: float) -> tuple[list[TrialRecord], SoakPlan | None]:
+    """The round's order with the confirmed best so far last, and the soak its engine serves after its
+    replays: when it holds, its verified lifetime is already under way."""
+    if leader is None or leader not in raced:
         return raced, None
     flags = ctx.space.to_flags(ctx.space.clamp(leader.flags))
     round_s = leader.metrics.get("e2e_p95_s")
@@ -221,7 +229,8 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     report.single_shot_best = naive.trial_number if naive is not None else None
     log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
              repeats=repeats, replays=replays)
-    raced = list(measured)
+    raced = now = list(measured)
+    budget = repeats * len(candidates) + max(1, repeats - 1) * len(refs)
     per_lifetime = max(1, replays)
     study = ctx.study()
     for rep in range(repeats):
@@ -235,12 +244,27 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         if rep == 2 and per_lifetime > 1:
             per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
-        plan = None
-        if soak_s and rep == repeats - 1:
-            raced, plan = _leader_last(ctx, raced, policy, soak_s)
-        for t in raced:  # interleaved: A B C A B C …
-            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, repeats * len(measured),
-                            plan if t is raced[-1] else None)
+        plan, last = None, rep == repeats - 1
+        now = raced
+        if rep >= max(1, repeats - 1) and report.references:
+            # A reference's search run is its R-th lifetime, so it sits out the last round; never while it
+            # leads, for the best's certificate stands on R confirmation starts whatever it is.
+            leader = _leader(ctx, raced, policy)
+            now = [t for t in raced if t.trial_number not in report.references or t is leader]
+        if soak_s and last:
+            now, plan = _leader_last(ctx, now, _leader(ctx, now, policy), soak_s)
+        for t in now:  # interleaved: A B C A B C …
+            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, plan if t is now[-1] else None)
+    # A reference that sat out the last round and leads after it: the round it sat out, so that the best
+    # stands on R confirmation starts (and serves the soak, when one was asked, as the leader would have).
+    sat_out = [t for t in raced if t.trial_number in report.references and t not in now]
+    late = _leader(ctx, raced, policy) if sat_out and repeats > 1 else None
+    if late is not None and late in sat_out:
+        log.info("confirm.reference_leads", study=ctx.study_name, trial=late.trial_number,
+                 why="it sat out the last round and leads after it: it runs that round too")
+        budget += 1
+        plan = _leader_last(ctx, [late], late, soak_s)[1] if soak_s else None
+        await _lifetime(ctx, study, data, report, late, repeats - 1, per_lifetime, budget, plan)
     if max(report.replays, default=1) > 1:
         _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
     data = ctx.data()

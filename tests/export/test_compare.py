@@ -41,6 +41,23 @@ def test_a_reference_raced_out_after_two_runs_is_compared_on_the_pooled_spread()
     assert c.differences[0].theirs.half_width < 8.0  # n = 2 on its own: ±31.8
 
 
+def test_a_references_search_run_is_one_of_its_lifetimes() -> None:
+    """vLLM's defaults were run for being the reference, not picked for being good: confirmation runs
+    marked `reference` make its search run count in its interval; a candidate's never does."""
+    ours, ref = trial(2, 130.0, 4.0), trial(0, 104.0, 4.0, kind="baseline")
+    runs = [ours, ref, *confirm_runs(10, 2, [(120.0, 4.0), (124.0, 4.1), (122.0, 3.9)]),
+            *confirm_runs(20, 0, [(110.0, 4.0), (112.0, 4.1)])]
+    for t in runs[5:]:
+        t.result["reference"] = True
+    found = confirmations(runs)
+    theirs, mine = found[0].intervals["output_tokens_per_s"], found[2].intervals["output_tokens_per_s"]
+    assert found[0].search_run and not found[2].search_run
+    assert theirs.n == 3 and theirs.mean == pytest.approx((104.0 + 110.0 + 112.0) / 3)
+    assert mine.n == 3 and mine.mean == pytest.approx(122.0)  # its lucky 130 left out
+    assert found[0].runs == [20, 21] and found[0].lifetimes == 2  # the engine starts confirmation spent
+    assert compare(ours, ref, found).verdict == Verdict.BETTER
+
+
 def test_a_noisier_configuration_does_not_borrow_the_others_steadiness() -> None:
     ours, ref = trial(2, 122.0, 4.0), trial(0, 110.0, 4.0, kind="baseline")
     runs = [*confirm_runs(10, 2, [(120.0, 4.0), (124.0, 4.1), (122.0, 3.9)]),

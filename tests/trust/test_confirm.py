@@ -4,6 +4,8 @@ acceptance case — under noise, a lucky single-shot best is not what gets expor
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
@@ -13,8 +15,13 @@ from autotuner.analysis.selection import select
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
 from autotuner.export.report import run_report
+from autotuner.scenario import Scenario
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.result import TrialResult
+from autotuner.trust.confirm import ConfirmReport
 from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.runners import VirtualRunner
+from autotuner.vllm.flags import FlagValue
 from tests.support.virtual_studies import Tuned, scenario, tune
 
 UTIL = "gpu-memory-utilization"
@@ -63,6 +70,87 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
         peaks = [rows[r].memory["peak_fraction"] for r in [*summary.runs, number]]
         assert summary.worst_peak_fraction == max(peaks)
     assert soaked is not None and soaked.passed is not None
+
+
+
+def test_a_reference_sits_out_the_last_round_its_search_run_one_of_its_lifetimes(tmp_path: Path) -> None:
+    # The user's current config at 0.84 (~8 % below the best, 0.92): a reference, never a candidate here.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, current_config={UTIL: 0.84}, **{"engine.sim.noise": 0.03}), trials=4)
+    confirmed, _ = t.trust(top=1, repeats=3, soak_s=0)
+    assert confirmed is not None and len(confirmed.candidates) == 1 and confirmed.references
+    rows = t.store.trials(t.study)
+    ref = next(r.trial_number for r in rows if r.kind == "current")
+    assert ref in confirmed.references
+    runs = {n: [r for r in rows if r.kind == "confirm" and r.result["confirms"] == n]
+            for n in confirmed.candidates + confirmed.references}
+    starts = {n: len({r.result["lifetime"] for r in rs}) for n, rs in runs.items()}
+    best = confirmed.candidates[0]
+    assert starts[best] == 3 and all(1 <= starts[n] <= 2 for n in confirmed.references), starts
+    assert confirmed.lifetimes == sum(starts.values())
+    assert not confirmed.summaries[best].search_run
+    summary = confirmed.summaries[ref]
+    assert summary.search_run and all(r.result.get("reference") is True for r in runs[ref])
+    iv = summary.intervals["output_tokens_per_s"]
+    assert iv.n == starts[ref] + 1 == summary.lifetimes + 1
+    by_lifetime: dict[int, list[float]] = {}
+    for r in runs[ref]:
+        by_lifetime.setdefault(r.result["lifetime"], []).append(r.metrics["output_tokens_per_s"])
+    search = next(r for r in rows if r.trial_number == ref).metrics["output_tokens_per_s"]
+    means = [search, *(sum(v) / len(v) for v in by_lifetime.values())]
+    assert iv.mean == pytest.approx(sum(means) / len(means))
+
+
+class Remeasured(VirtualRunner):
+    """The simulator's runs, confirmation's here: the utilizations `scale` names measure their throughput
+    scaled, and `oom_on` (utilization, n) OOMs on that configuration's nth engine start. Re-measurement
+    telling another story than the search did, on figures whose answer is known."""
+
+    def __init__(self, sc: Scenario, scale: dict[float, float], oom_on: tuple[float, int] | None = None) -> None:
+        super().__init__(sc)
+        self.scale, self.oom_on, self.seen = scale, oom_on, defaultdict(int)
+
+    def evaluate(self, flags: Mapping[str, FlagValue], pruner: object = None, replay: int = 0) -> TrialResult:
+        result = super().evaluate(flags, pruner, replay)  # type: ignore[arg-type]
+        util = float(flags[UTIL])
+        self.seen[util] += 1
+        if self.oom_on is not None and self.oom_on == (util, self.seen[util]):
+            result.outcome, result.reason, result.metrics = Outcome.OOM_CRASH, "CUDA out of memory (fake)", {}
+        elif util in self.scale:
+            result.metrics["output_tokens_per_s"] = float(result.metrics["output_tokens_per_s"]) * self.scale[util]
+        return result
+
+
+def _starts(t: Tuned, confirmed: ConfirmReport) -> dict[int, int]:
+    rows = t.store.trials(t.study)
+    return {n: len({r.result["lifetime"] for r in rows if r.kind == "confirm" and r.result["confirms"] == n})
+            for n in confirmed.candidates + confirmed.references}
+
+
+def test_a_reference_that_leads_never_sits_out_the_last_round(tmp_path: Path) -> None:
+    # The user's current config (0.84) measures 20 % faster once re-measured: ahead of the candidate (0.92)
+    # from the first round on, so it runs every round and the best stands on R confirmation starts.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, current_config={UTIL: 0.84}), trials=4)
+    t.runner = Remeasured(t.scenario, {0.84: 1.2})
+    confirmed, _ = t.trust(top=1, repeats=3, soak_s=0)
+    assert confirmed is not None
+    ref = next(r.trial_number for r in t.store.trials(t.study) if r.kind == "current")
+    assert confirmed.confirmed_best == ref, confirmed
+    assert _starts(t, confirmed)[ref] == 3
+
+
+def test_a_reference_that_sat_out_and_ends_best_runs_the_round_it_missed(tmp_path: Path) -> None:
+    # The current config re-measures close behind the candidate (not beaten, not leading): it sits out the
+    # last round, in which the candidate OOMs. The reference is then the best, and gets its third start.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, current_config={UTIL: 0.84}), trials=4)
+    t.runner = Remeasured(t.scenario, {0.84: 1.07}, oom_on=(0.92, 3))
+    confirmed, _ = t.trust(top=1, repeats=3, soak_s=0)
+    assert confirmed is not None
+    ref = next(r.trial_number for r in t.store.trials(t.study) if r.kind == "current")
+    starts = _starts(t, confirmed)
+    assert confirmed.confirmed_best == ref, (confirmed, starts)
+    assert starts[ref] == 3 and starts[confirmed.candidates[0]] == 3, starts
+    runs = [r for r in t.store.trials(t.study) if r.kind == "confirm" and r.result["confirms"] == ref]
+    assert runs[-1].trial_number == max(r.trial_number for r in t.store.trials(t.study) if r.kind == "confirm")
 
 
 def test_export_refuses_what_was_not_confirmed_and_soaked(tmp_path: Path) -> None:

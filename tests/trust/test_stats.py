@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
 from autotuner.errors import UserInputError
-from autotuner.stats import interval, next_run, pooled_log_sd
+from autotuner.stats import interval, next_run, pooled_log_sd, t975
 from autotuner.trust.commands import parse_confirm
 
 
@@ -59,3 +60,20 @@ def test_confirm_plan(text: str, plan: tuple[int, int, int]) -> None:
 def test_bad_confirm_plan_names_the_syntax(text: str) -> None:
     with pytest.raises(UserInputError, match="K×R such as 3x3"):
         parse_confirm(text)
+
+
+def test_next_high_on_a_pooled_spread() -> None:
+    from autotuner.stats import next_high
+
+    agree = [0.9602, 0.9608, 0.9604, 0.9606]
+    mean = statistics.fmean(agree)
+    own = next_high(agree)
+    assert own is not None and own < 0.962
+    # The pool's spread, at its degrees of freedom, where it says more than the values do.
+    pooled = next_high(agree, (0.005, 10))
+    assert pooled == pytest.approx(mean + t975(10) * 0.005 * math.sqrt(1 + 1 / 4))
+    # Fewer degrees of freedom in the pool than the values' own: the values' own.
+    assert next_high(agree, (0.005, 2)) == own
+    # One value: the pool alone gives it a bound; without one, none.
+    assert next_high([0.95], (0.005, 10)) == pytest.approx(0.95 + t975(10) * 0.005 * math.sqrt(2))
+    assert next_high([0.95]) is None
