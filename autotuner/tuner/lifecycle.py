@@ -208,6 +208,12 @@ async def _run(scenario: Scenario, plan: LaunchPlan, monitor: MemoryMonitor, hol
                 t_soak = time.monotonic()
                 await serve_and_replay(then, plan, engine, soak, tripped, abort.event, phase, None, replay=runs)
                 soak.duration_s = time.monotonic() - t_soak
+            if not tripped.is_set() and not abort.event.is_set() and engine.returncode is None:
+                # A last look while the engine lives: a stranger that came after the watch's last one and
+                # leaves as we stop is in this lifetime's peak all the same.
+                grown = await _strangers(engine, monitor, foreign)
+                if grown is not None:
+                    abort.set(Outcome.INTERFERENCE, grown)
     except MonitorError as exc:
         monitor_error = str(exc)
     finally:
@@ -298,17 +304,23 @@ async def _watch(engine: EngineProcess, sampler: Sampler, monitor: MemoryMonitor
         if sampler.failure is not None:
             abort.set(Outcome.MONITOR_FAILED, f"memory sampling failed during the trial: {sampler.failure}")
             return
-        await asyncio.to_thread(engine.record_members)
-        grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
-        if grown is not None and await asyncio.to_thread(foreign_growth, monitor, foreign, engine, True) is None:
-            # Only processes that are gone grew: a worker of ours that died since the last look (a failed
-            # start) is no member any more, and the engine's log names it only once it is read that far.
-            # Look again then; a live stranger is blamed at once.
-            await asyncio.sleep(WATCH_S)
-            grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+        grown = await _strangers(engine, monitor, foreign)
         if grown is not None:
             abort.set(Outcome.INTERFERENCE, grown)
             return
+
+
+async def _strangers(engine: EngineProcess, monitor: MemoryMonitor, foreign: list[ForeignMemory]) -> str | None:
+    """What other processes took on our GPUs since launch, said; None when nobody did."""
+    await asyncio.to_thread(engine.record_members)
+    grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+    if grown is not None and await asyncio.to_thread(foreign_growth, monitor, foreign, engine, True) is None:
+        # Only processes that are gone grew: a worker of ours that died since the last look (a failed
+        # start) is no member any more, and the engine's log names it only once it is read that far.
+        # Look again then; a live stranger is blamed at once.
+        await asyncio.sleep(WATCH_S)
+        grown = await asyncio.to_thread(foreign_growth, monitor, foreign, engine)
+    return grown
 
 
 def _startup_outcome(result: TrialResult, engine: EngineProcess, why: str | None, tripped: bool) -> None:
