@@ -445,7 +445,9 @@ def main() -> None:
             scores = " ".join(f"@{n}={row[f'{method}@{n}']:.3f}" for n in at if n <= args.runs)
             scores += " (of the safe oracle: " + " ".join(
                 f"@{n}={row[f'{method}@{n}'] * r['oracle'] / r['safe']:.3f}" for n in at if n <= args.runs) + ")"
-            print(f"{method:6s} {scores}  oom_runs={row[f'{method}_oom']:.1f}  starts_to_verified="
+            print(f"{method:6s} {scores}  oom_runs={row[f'{method}_oom']:.1f} (mean "
+                  f"{statistics.fmean(rec['ooms'] for rec in recs):.1f}, most {max(rec['ooms'] for rec in recs)})"
+                  f"  starts_to_verified="
                   f"{row[f'{method}_starts']:.0f} (trust {row[f'{method}_trust']:.0f}, unraced "
                   f"{row[f'{method}_unraced']:.0f})  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
             if method != "tuner":
