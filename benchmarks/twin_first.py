@@ -76,7 +76,10 @@ from sample_efficiency import (
     run_walk,
 )
 
+from autotuner.analysis.evidence import confirmations
+from autotuner.analysis.selection import select
 from autotuner.catalog.gpus import GPU_PRESETS
+from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
 from autotuner.trials.outcomes import OOM_OUTCOMES
@@ -181,6 +184,8 @@ class Study:
     trust_starts: int = 0  # engine runs of confirmation (raced) and soak
     trust_unraced: int = 0  # what they would have been with every configuration confirmed R times
     first_err: float | None = None  # the twin's first finalist: |predicted / measured - 1|
+    verified: str | None = None  # the winner confirmed and soaked (what export certifies); None: nothing held up
+    claimed: float | None = None  # the certificate's throughput for it: its confirmed mean
 
 
 def _quiet() -> None:
@@ -192,8 +197,9 @@ def _quiet() -> None:
 def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: Box | None = None,
               evidence: list[Observation] | None = None) -> Study:
     _quiet()
-    store = Store(f"sqlite:///{tmp}/{box.name}-s{seed}-t{int(twin)}-w{int(warm_from is not None)}"
-                  f"-p{int(bool(evidence))}.db")
+    storage = (f"sqlite:///{tmp}/{box.name}-s{seed}-t{int(twin)}-w{int(warm_from is not None)}"
+               f"-p{int(bool(evidence))}.db")
+    store = Store(storage)
     warm = None
     if warm_from is not None:
         first = on_box(warm_from)
@@ -224,10 +230,28 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
     # A soak on the engine of the winner's last confirmation run starts none of its own.
     soaks = sum(not v.after_confirm for v in soaked.verdicts) if soaked is not None else 0
     raced = confirmed.lifetimes if confirmed is not None else 0
-    # Without racing: R lifetimes a candidate, R − 1 a reference (its search run the R-th).
-    unraced = (len(confirmed.candidates) * DEFAULT_REPEATS + len(confirmed.references) * max(1, DEFAULT_REPEATS - 1)
-               if confirmed is not None else 0)
-    return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks, first_err)
+    # Without racing: R lifetimes a candidate, R − 1 one whose search run counts (a reference, or every
+    # candidate when confirmation took all the search found feasible), and the last round for the best.
+    unraced = 0
+    if confirmed is not None:
+        counted = set(getattr(confirmed, "counted", confirmed.references))  # (a tree before it: references)
+        everyone = confirmed.candidates + confirmed.references
+        unraced = (sum(DEFAULT_REPEATS - (n in counted) for n in everyone)
+                   + (confirmed.confirmed_best in counted and DEFAULT_REPEATS > 1))
+    # What export would certify (confirmed, soaked, offload verified), by confirmation's own policy.
+    try:
+        picked = select(storage, tuner.study_name, [], "knee")
+    except UserInputError:  # nothing the search measured meets the SLOs
+        picked = None
+    rows = {t.number: t for t in done}
+    verified = (key_of(scenario_flags(rows[picked.chosen.trial_number].params))
+                if picked is not None and picked.chosen is not None and not picked.missing
+                and picked.chosen.trial_number in rows else None)
+    claim = (confirmations(store.trials(tuner.study_name)).get(picked.chosen.trial_number)
+             if picked is not None and picked.chosen is not None and verified else None)
+    iv = claim.intervals.get("output_tokens_per_s") if claim is not None else None
+    return Study(keys, measured, summary.twin, converged, raced + soaks, unraced + soaks, first_err, verified,
+                 iv.mean if iv is not None else None)
 
 
 def scenario_flags(params: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +390,8 @@ def _box_job(box: Box, seeds: list[int], runs: int, tmp: str, prod: bool = False
                                                              for p in s.measured],
                                 "twin": s.twin_ended, "converged_at": s.converged_at,
                                 "trust": s.trust_starts, "trust_unraced": s.trust_unraced,
-                                "first_err": s.first_err, "wall_s": time.perf_counter() - t0})
+                                "first_err": s.first_err, "verified": s.verified, "claimed": s.claimed,
+                                "wall_s": time.perf_counter() - t0})
     walk = run_walk(ev.scenario, ev, runs)
     out["walk"] = max(((p.throughput or 0.0) / oracle for p in walk if p.feasible), default=0.0)
     # Every pick scored noise-free (the evaluator caches).
@@ -375,6 +400,9 @@ def _box_job(box: Box, seeds: list[int], runs: int, tmp: str, prod: bool = False
             s = Study(rec["keys"], [Point(*m) for m in rec["measured"]], rec["twin"], rec["converged_at"])
             rec["scores"] = {n: true_score(ev, pick_at(s, n), oracle) for n in range(1, runs + 1)}
             rec["ooms"] = sum(m[0] in OOM_OUTCOMES for m in rec["measured"])
+            rec["verified_score"] = true_score(ev, rec["verified"], oracle) if rec["verified"] else None
+            rec["claim_err"] = (abs(rec["claimed"] / (rec["verified_score"] * oracle) - 1)
+                                if rec["verified_score"] and rec["claimed"] else None)
             final = pick_at(s, len(s.keys))
             first = s.keys.index(final) + 1 if final else len(s.keys)
             rec["search_starts"] = max(first, rec["converged_at"] or 0) if method != "tuner" else first
@@ -450,6 +478,13 @@ def main() -> None:
                   f"  starts_to_verified="
                   f"{row[f'{method}_starts']:.0f} (trust {row[f'{method}_trust']:.0f}, unraced "
                   f"{row[f'{method}_unraced']:.0f})  wall/study={med([x['wall_s'] for x in recs]):.0f}s")
+            held = [rec["verified_score"] for rec in recs if rec["verified_score"] is not None]
+            row[f"{method}_unverified"] = len(recs) - len(held)
+            claims = [rec["claim_err"] for rec in recs if rec["claim_err"] is not None]
+            print(f"       verified winner (confirmed, soaked and offload-checked: what export certifies): p50 "
+                  f"{med(held) if held else float('nan'):.3f} of the oracle; none in {len(recs) - len(held)} of "
+                  f"{len(recs)} studies; its certificate's throughput off the truth by p50 {med(claims):.1%} "
+                  f"(most {max(claims, default=float('nan')):.1%})")
             if method != "tuner":
                 errs = [rec["first_err"] for rec in recs if rec.get("first_err") is not None]
                 row[f"{method}_first_err"] = med(errs)

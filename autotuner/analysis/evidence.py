@@ -8,10 +8,12 @@ The intervals stand on the run-to-run spread pooled over every configuration con
 beaten reference two lifetimes, and two runs alone would give an interval about five times as wide as
 the pooled one for the same spread (t = 12.7 at one degree of freedom, against ~2.3 at eight).
 
-A reference's search run (vLLM's defaults, the user's current config) is one of its lifetimes: it was run
-because it is the reference, never picked from the others for being good, so it carries none of the
-winner's curse that keeps a candidate's search run out of its mean. Its confirmation runs say so
-(`reference` in their result); confirmation then spends one engine start fewer on it (trust/confirm.py)."""
+A search run that nothing picked for being good is one of its configuration's lifetimes: a reference's
+(vLLM's defaults, the user's current config: it was run because it is the reference), and a candidate's
+when confirmation took every SLO-feasible configuration the search measured. It carries none of the
+winner's curse that keeps a picked candidate's search run out of its mean. Its confirmation runs say so
+(`search_run` in their result; `reference` in studies confirmed before 2026-12-07's second change);
+confirmation then spends one engine start fewer on it (trust/confirm.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ class Confirmation:
     failed_requests: int = 0
     completed_requests: int = 0
     offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
-    search_run: bool = False  # a reference's: its search run is one of the lifetimes the intervals stand on
+    search_run: bool = False  # its search run is one of the lifetimes the intervals stand on (not picked for luck)
 
     @property
     def offload_failed(self) -> bool:
@@ -154,7 +156,9 @@ def _ok(t: TrialRecord) -> bool:
 
 
 def _counts_search_run(rows: list[TrialRecord], original: TrialRecord | None) -> bool:
-    return original is not None and _ok(original) and any(r.result.get("reference") is True for r in rows)
+    # `reference`: the mark of studies confirmed before candidates' search runs could count too
+    marked = any(r.result.get("search_run") is True or r.result.get("reference") is True for r in rows)
+    return original is not None and _ok(original) and marked
 
 
 def soaks(trials: list[TrialRecord]) -> dict[int, list[SoakVerdict]]:

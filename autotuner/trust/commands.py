@@ -94,11 +94,14 @@ def print_confirm(report: ConfirmReport) -> None:
                  if (iv := c.intervals.get(m)) is not None]
         peak = "-" if c.worst_peak_fraction is None else f"{c.worst_peak_fraction:.1%}"
         typer.echo(f"  trial {number}: " + "; ".join(parts) + f"; worst memory peak {peak}"
-                   + ("; n counts its search run (a reference is not picked for luck)" if c.search_run else "")
+                   + ("; n counts its search run (nothing picked it for luck)" if c.search_run else "")
                    + (f"; {len(c.bad_runs)} run(s) failed: {c.bad_runs[0]}" if c.bad_runs else "")
                    + (f"; offload: {c.offload.get('reason')}" if c.offload else ""))
     for number, why in report.dropped.items():
         typer.echo(f"  trial {number} measured no more: {why}")
+    if report.next_in_line:
+        typer.echo(f"  none of the first candidates held up: trials {', '.join(map(str, report.next_in_line))}, "
+                   "next in line, were confirmed too")
     if report.changed:
         typer.echo(f"the single-shot best (trial {report.single_shot_best}) was not the confirmed best "
                    f"(trial {report.confirmed_best})")

@@ -5,7 +5,8 @@ times each, interleaved A B C A B C … so that drift of the box hits all alike.
 user's current config are re-measured alongside them (when they ran to the end), so that every
 comparison a reader sees stands on intervals on both sides, never on a single lucky run. Each run is a trial of
 kind `confirm` linked to its original; `summary.confirmations` turns them into intervals and
-`analysis.confirmed` ranks by their bounds. After each round, what another configuration already beats
+`analysis.confirmed` ranks by their bounds; when none of them holds up, the next K in the same order are
+confirmed once more (PASSES). After each round, what another configuration already beats
 beyond the noise is measured no more (analysis/racing.py): the confirmed best still gets every repeat.
 
 Each repeat is an engine lifetime (a restart). In the first two rounds each lifetime replays the
@@ -13,8 +14,11 @@ workload up to `replays` times; later rounds replay only where those showed the 
 lifetime at least as much as between lifetimes (analysis/lifetimes.py), else every repeat is a restart.
 Intervals and racing stand on lifetimes, a lifetime's figure being the mean of its replays.
 
-A reference's search run is one of its R lifetimes (it was run for being the reference, not picked for
-being good: analysis/evidence.py), so it gets R − 1 confirmation lifetimes, sitting out the last round.
+A search run that nothing picked for being good is one of its configuration's R lifetimes
+(analysis/evidence.py): a reference's (it was run for being the reference), and every candidate's when
+the search measured no other SLO-feasible configuration, so that confirmation took them all and left
+none out for being unlucky. Such a configuration gets R − 1 confirmation lifetimes, sitting out the last
+round unless it leads.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class ConfirmReport:
     candidates: list[int]
     runs: int
     references: list[int] = field(default_factory=list)  # baseline / current config, re-measured beside them
+    # Those whose search run is one of their R lifetimes: the references, and the candidates when they are
+    # every SLO-feasible configuration the search measured (none was picked for luck).
+    counted: list[int] = field(default_factory=list)
+    next_in_line: list[int] = field(default_factory=list)  # candidates confirmed after none of the first held up
     labels: dict[int, str] = field(default_factory=dict)  # "vLLM's defaults", "your current config"
     summaries: dict[int, Confirmation] = field(default_factory=dict)
     single_shot_best: int | None = None
@@ -119,8 +127,8 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
     check = offload.check(results[0], data.trials)
     for k, result in enumerate(results):
         extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
-        if t.trial_number in report.references:  # its search run then counts as a lifetime (evidence.py)
-            extra["reference"] = True
+        if t.trial_number in report.counted:  # its search run then counts as a lifetime (evidence.py)
+            extra["search_run"] = True
         if check is not None:
             extra["offload"] = check
         number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
@@ -197,6 +205,15 @@ def _note_split(ctx: TrustContext, report: ConfirmReport,
     return runs, metrics
 
 
+def none_left_out(analysis: Analysis, confirmed: list[TrialRecord]) -> bool:
+    """Whether confirmation takes every SLO-feasible configuration the search measured. Then none was
+    picked from the others for a lucky run, and each one's search run is as good a lifetime as any
+    confirmation run: the winner's curse needs a choice. What is left is the SLO cut itself; a
+    configuration that met an SLO on a lucky run meets it again in its confirmed bound or loses."""
+    chosen = {repr(sorted(t.flags.items())) for t in confirmed}
+    return all(repr(sorted(t.flags.items())) in chosen for t in analysis.candidates)
+
+
 def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list[TrialRecord]:
     """The user's current config and vLLM's defaults, when they ran to the end and are not already
     among the candidates (by configuration): the other side of every comparison."""
@@ -210,33 +227,76 @@ def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list
     return out
 
 
+# When none of the first K holds up — each at the memory wall or an SLO's edge, as a search's best
+# configurations often are — the next K in the same order are confirmed once more: a verified winner a
+# little further from the edge is worth the starts, none is worth nothing to a user who has to deploy.
+PASSES = 2
+
+
 async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFAULT_REPEATS,
                   policy: str = "knee", replays: int = DEFAULT_REPLAYS, soak_s: float | None = None) -> ConfirmReport:
     """`soak_s`: the last round measures the confirmed best so far last, and its engine then serves the
     soak for this long (soak.py): one engine start fewer when it stays the best."""
     data = ctx.data()
     analysis = analyse(data, combine(data.scenario.slos, []))
-    candidates = pick(analysis, top)
-    report = ConfirmReport(ctx.study_name, [t.trial_number for t in candidates], 0)
+    ordered = pick(analysis, top * PASSES)
+    candidates = ordered[:top]
+    report = ConfirmReport(ctx.study_name, [], 0)
     if not candidates:
         log.warning("confirm.nothing", study=ctx.study_name, reason="no SLO-feasible trial to confirm")
         return report
     refs = references_to_confirm(analysis, candidates)
     report.references = [t.trial_number for t in refs]
     report.labels = {t.trial_number: reference_label(t) for t in refs}
-    measured = candidates + refs
     naive = choose(policy, analysis)
     report.single_shot_best = naive.trial_number if naive is not None else None
-    log.info("confirm.started", study=ctx.study_name, candidates=report.candidates, references=report.references,
-             repeats=repeats, replays=replays)
-    raced = now = list(measured)
-    budget = repeats * len(candidates) + max(1, repeats - 1) * len(refs)
     per_lifetime = max(1, replays)
+    confirmed: list[TrialRecord] = []
+    for attempt in range(PASSES):
+        if attempt:
+            candidates, refs = ordered[top * attempt : top * (attempt + 1)], []
+            if not candidates or report.confirmed_best is not None:
+                break
+            log.warning("confirm.next_candidates", study=ctx.study_name,
+                        candidates=[t.trial_number for t in candidates],
+                        why="none of the confirmed held up (each refused on a bound): the next in line are confirmed")
+            report.next_in_line += [t.trial_number for t in candidates]
+        report.candidates += [t.trial_number for t in candidates]
+        confirmed += candidates + refs
+        counted = [t.trial_number for t in refs] + (
+            [t.trial_number for t in candidates] if none_left_out(analysis, confirmed) else [])
+        report.counted += counted
+        log.info("confirm.started", study=ctx.study_name, candidates=[t.trial_number for t in candidates],
+                 references=[t.trial_number for t in refs], repeats=repeats, replays=replays,
+                 search_run_counts=counted)
+        per_lifetime = await _race(ctx, data, report, candidates + refs, set(counted), repeats, policy, per_lifetime,
+                                   soak_s)
+        data = ctx.data()
+        ranked = confirmed_ranking(policy, analyse(data, analysis.slos), confirmations(data.trials),
+                                   soaks(data.trials))
+        report.confirmed_best = ranked[0].trial_number if ranked else None
+    if max(report.replays, default=1) > 1:
+        _note_split(ctx, report, confirmed)  # what the replays showed, also when no later round needed it
+    report.summaries = {n: c for n, c in confirmations(data.trials).items()
+                        if n in report.candidates or n in report.references}
+    if report.changed:
+        log.warning("confirm.best_changed", study=ctx.study_name, single_shot_best=report.single_shot_best,
+                    confirmed_best=report.confirmed_best,
+                    note="the single-shot best did not hold up when re-measured")
+    log.info("confirm.finished", study=ctx.study_name, runs=report.runs, confirmed_best=report.confirmed_best)
+    return report
+
+
+async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measured: list[TrialRecord],
+                counted: set[int], repeats: int, policy: str, per_lifetime: int, soak_s: float | None) -> int:
+    """R interleaved rounds of `measured`, racing after each; `counted`: those whose search run is one of
+    their lifetimes. Returns the replays per lifetime the rounds ended on."""
+    raced = now = list(measured)
+    budget = repeats * (len(measured) - len(counted)) + max(1, repeats - 1) * len(counted)
     study = ctx.study()
     for rep in range(repeats):
         if rep:
-            out = beaten(ctx.data().trials, [t.trial_number for t in raced], set(report.references),
-                         data.objectives)
+            out = beaten(ctx.data().trials, [t.trial_number for t in raced], counted, data.objectives)
             for number, why in out.items():
                 report.dropped[number] = why
                 log.info("confirm.dropped", study=ctx.study_name, trial=number, after_rounds=rep, why=why)
@@ -246,35 +306,25 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         report.replays.append(per_lifetime)
         plan, last = None, rep == repeats - 1
         now = raced
-        if rep >= max(1, repeats - 1) and report.references:
-            # A reference's search run is its R-th lifetime, so it sits out the last round; never while it
-            # leads, for the best's certificate stands on R confirmation starts whatever it is.
-            leader = _leader(ctx, raced, policy)
-            now = [t for t in raced if t.trial_number not in report.references or t is leader]
+        leader = _leader(ctx, raced, policy) if rep >= max(1, repeats - 1) and counted else None
+        if leader is not None:
+            # A counted search run is the R-th lifetime, so its configuration sits out the last round; never
+            # while it leads: the best's engine of the last round serves the soak, and its certificate
+            # stands on R confirmation starts whatever it is. While none leads (each so far refused on a
+            # bound), every one runs it: the start may bring one within its bound.
+            now = [t for t in raced if t.trial_number not in counted or t is leader]
         if soak_s and last:
             now, plan = _leader_last(ctx, now, _leader(ctx, now, policy), soak_s)
         for t in now:  # interleaved: A B C A B C …
             await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, plan if t is now[-1] else None)
-    # A reference that sat out the last round and leads after it: the round it sat out, so that the best
-    # stands on R confirmation starts (and serves the soak, when one was asked, as the leader would have).
-    sat_out = [t for t in raced if t.trial_number in report.references and t not in now]
+    # One that sat out the last round and leads after it: the round it sat out, so that the best stands on
+    # R confirmation starts (and serves the soak, when one was asked, as the leader would have).
+    sat_out = [t for t in raced if t.trial_number in counted and t not in now]
     late = _leader(ctx, raced, policy) if sat_out and repeats > 1 else None
     if late is not None and late in sat_out:
-        log.info("confirm.reference_leads", study=ctx.study_name, trial=late.trial_number,
+        log.info("confirm.sat_out_leads", study=ctx.study_name, trial=late.trial_number,
                  why="it sat out the last round and leads after it: it runs that round too")
         budget += 1
         plan = _leader_last(ctx, [late], late, soak_s)[1] if soak_s else None
         await _lifetime(ctx, study, data, report, late, repeats - 1, per_lifetime, budget, plan)
-    if max(report.replays, default=1) > 1:
-        _note_split(ctx, report, measured)  # what the replays showed, also when no later round needed it
-    data = ctx.data()
-    report.summaries = {n: c for n, c in confirmations(data.trials).items()
-                        if n in report.candidates or n in report.references}
-    ranked = confirmed_ranking(policy, analyse(data, analysis.slos), confirmations(data.trials), soaks(data.trials))
-    report.confirmed_best = ranked[0].trial_number if ranked else None
-    if report.changed:
-        log.warning("confirm.best_changed", study=ctx.study_name, single_shot_best=report.single_shot_best,
-                    confirmed_best=report.confirmed_best,
-                    note="the single-shot best did not hold up when re-measured")
-    log.info("confirm.finished", study=ctx.study_name, runs=report.runs, confirmed_best=report.confirmed_best)
-    return report
+    return per_lifetime

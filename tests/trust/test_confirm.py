@@ -53,7 +53,10 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     assert confirmed.replays == [2, 2, 1] and confirmed.split["output_tokens_per_s"] == 0.0
     assert all(n == (2 if lifetime < 3 else 1) for (_, lifetime), n in replays.items()), replays
     assert confirmed.runs == len(runs) == sum(replays.values()) and confirmed.lifetimes == len(lifetimes)
-    assert {n for n in measured if count[n] < 3} == set(confirmed.dropped)
+    # Under three starts: dropped by the race, or a configuration whose search run counts (a reference, or
+    # every candidate when the two are all the search found feasible) sitting out the last round.
+    sat_out = {n for n in confirmed.counted if n not in confirmed.dropped and count[n] == 2}
+    assert {n for n in measured if count[n] < 3} == set(confirmed.dropped) | sat_out
     assert confirmed.confirmed_best not in confirmed.dropped and count[confirmed.confirmed_best] == 3
     assert all(tr.state == optuna.trial.TrialState.COMPLETE for tr in runs)
     assert len(launched_trials(study)) == 4  # the budget counts the search only
@@ -62,10 +65,13 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     for number in confirmed.candidates:
         summary = confirmed.summaries[number]
         iv = summary.intervals["output_tokens_per_s"]
-        assert iv.n == count[number] == summary.lifetimes, "one observation per engine lifetime, not per replay"
+        assert count[number] == summary.lifetimes, "one observation per engine lifetime, not per replay"
+        assert iv.n == summary.lifetimes + (number in confirmed.counted) and summary.search_run == (
+            number in confirmed.counted)
         if iv.n > 1:
             assert iv.low < iv.mean < iv.high  # noise on: a real interval
-        measured = [rows[r].metrics["output_tokens_per_s"] for r in summary.runs]
+        measured = [rows[r].metrics["output_tokens_per_s"] for r in [*summary.runs, number][: len(summary.runs)
+                                                                                     + summary.search_run]]
         assert min(measured) <= iv.mean <= max(measured)
         peaks = [rows[r].memory["peak_fraction"] for r in [*summary.runs, number]]
         assert summary.worst_peak_fraction == max(peaks)
@@ -89,7 +95,7 @@ def test_a_reference_sits_out_the_last_round_its_search_run_one_of_its_lifetimes
     assert confirmed.lifetimes == sum(starts.values())
     assert not confirmed.summaries[best].search_run
     summary = confirmed.summaries[ref]
-    assert summary.search_run and all(r.result.get("reference") is True for r in runs[ref])
+    assert summary.search_run and all(r.result.get("search_run") is True for r in runs[ref])
     iv = summary.intervals["output_tokens_per_s"]
     assert iv.n == starts[ref] + 1 == summary.lifetimes + 1
     by_lifetime: dict[int, list[float]] = {}
@@ -100,14 +106,50 @@ def test_a_reference_sits_out_the_last_round_its_search_run_one_of_its_lifetimes
     assert iv.mean == pytest.approx(sum(means) / len(means))
 
 
+def test_when_confirmation_takes_every_feasible_configuration_each_search_run_counts(tmp_path: Path) -> None:
+    # Four trials on three utilizations: confirmation's top 5 takes all the search found feasible, so none
+    # was picked for a lucky run, and each search run is one of its configuration's three lifetimes.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.03}), trials=4)
+    confirmed, soaked = t.trust(top=5, repeats=3, soak_s=30)
+    assert confirmed is not None and len(confirmed.candidates) >= 2
+    assert set(confirmed.counted) == set(confirmed.candidates + confirmed.references)
+    starts = _starts(t, confirmed)
+    best = confirmed.confirmed_best
+    assert best is not None and starts[best] == 3  # the best runs the last round: its engine serves the soak
+    assert all(starts[n] <= 2 for n in starts if n != best), starts
+    assert confirmed.lifetimes == sum(starts.values()) < 3 * len(starts)
+    rows = {r.trial_number: r for r in t.store.trials(t.study)}
+    for n, summary in confirmed.summaries.items():
+        iv = summary.intervals["output_tokens_per_s"]
+        assert summary.search_run and iv.n == starts[n] + 1, (n, iv.n, starts[n])
+        lifetimes: dict[int, list[float]] = {}
+        for r in summary.runs:
+            lifetimes.setdefault(rows[r].result["lifetime"], []).append(rows[r].metrics["output_tokens_per_s"])
+        means = [rows[n].metrics["output_tokens_per_s"], *(sum(v) / len(v) for v in lifetimes.values())]
+        assert iv.mean == pytest.approx(sum(means) / len(means))
+    assert soaked is not None and soaked.verdicts and soaked.verdicts[0].after_confirm
+
+
+def test_a_candidate_picked_from_others_keeps_its_search_run_out(tmp_path: Path) -> None:
+    # The same study, top 1: the single candidate was chosen over the others on its search run, which is
+    # then the winner's curse and no lifetime of it.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.03}), trials=4)
+    confirmed, _ = t.trust(top=1, repeats=3, soak_s=0)
+    assert confirmed is not None and len(confirmed.candidates) == 1
+    best = confirmed.candidates[0]
+    assert best not in confirmed.counted and not confirmed.summaries[best].search_run
+    assert confirmed.summaries[best].intervals["output_tokens_per_s"].n == _starts(t, confirmed)[best] == 3
+
+
 class Remeasured(VirtualRunner):
     """The simulator's runs, confirmation's here: the utilizations `scale` names measure their throughput
     scaled, and `oom_on` (utilization, n) OOMs on that configuration's nth engine start. Re-measurement
     telling another story than the search did, on figures whose answer is known."""
 
-    def __init__(self, sc: Scenario, scale: dict[float, float], oom_on: tuple[float, int] | None = None) -> None:
+    def __init__(self, sc: Scenario, scale: dict[float, float], oom_on: tuple[float, int] | None = None,
+                 peaks: list[float] | None = None) -> None:
         super().__init__(sc)
-        self.scale, self.oom_on, self.seen = scale, oom_on, defaultdict(int)
+        self.scale, self.oom_on, self.peaks, self.seen = scale, oom_on, peaks or [], defaultdict(int)
 
     def evaluate(self, flags: Mapping[str, FlagValue], pruner: object = None, replay: int = 0) -> TrialResult:
         result = super().evaluate(flags, pruner, replay)  # type: ignore[arg-type]
@@ -117,6 +159,8 @@ class Remeasured(VirtualRunner):
             result.outcome, result.reason, result.metrics = Outcome.OOM_CRASH, "CUDA out of memory (fake)", {}
         elif util in self.scale:
             result.metrics["output_tokens_per_s"] = float(result.metrics["output_tokens_per_s"]) * self.scale[util]
+        if self.peaks and result.outcome == Outcome.OK:  # every configuration's nth start peaks at peaks[n - 1]
+            result.memory["peak_fraction"] = self.peaks[min(self.seen[util], len(self.peaks)) - 1]
         return result
 
 
@@ -204,3 +248,33 @@ def test_noisy_study_exports_the_confirmed_best_not_the_lucky_shot(tmp_path: Pat
     assert run_report(t.storage, None, tmp_path / "report") == 0
     assert (f"The single-shot best, trial {lucky.trial_number}, was not the confirmed best: trial "
             f"{chosen.chosen.trial_number}") in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_when_no_candidate_holds_up_the_next_in_line_are_confirmed(tmp_path: Path) -> None:
+    # The best (0.92) runs out of memory on its first confirmation start, so it is refused; rather than end
+    # with nothing to deploy, confirmation goes on to the next in line, which holds up and is soaked.
+    t = tune(tmp_path, scenario(**UTIL_SPACE), trials=4)
+    t.runner = Remeasured(t.scenario, {}, oom_on=(0.92, 1))
+    confirmed, soaked = t.trust(top=1, repeats=3, soak_s=30)
+    assert confirmed is not None and len(confirmed.candidates) == 2, confirmed
+    first, second = confirmed.candidates
+    assert confirmed.next_in_line == [second]
+    rows = {r.trial_number: r for r in t.store.trials(t.study)}
+    assert rows[first].flags[UTIL] == 0.92 and confirmed.summaries[first].bad_runs
+    assert confirmed.confirmed_best == second and rows[second].flags[UTIL] < 0.92
+    starts = _starts(t, confirmed)
+    assert starts[first] == 1 and starts[second] == 3, starts
+    assert soaked is not None and soaked.passed is not None and soaked.passed.original == second
+
+
+def test_while_none_leads_every_counted_configuration_runs_the_last_round(tmp_path: Path) -> None:
+    # Every search run counts (top 5 takes all), so each configuration would sit out the last round unless
+    # it leads. Peaks of 96.8 % then 90 % leave every one's next-start bound past the 97 % threshold after
+    # two rounds: none leads, and all of them run the third rather than the study ending on two.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.03}), trials=4)
+    # All at the same throughput once re-measured, so that the race drops none.
+    t.runner = Remeasured(t.scenario, {0.84: 134.2 / 124.6, 0.88: 134.2 / 126.1}, peaks=[0.968, 0.90, 0.90])
+    confirmed, _ = t.trust(top=5, repeats=3, soak_s=0)
+    assert confirmed is not None and len(confirmed.counted) >= 2
+    assert set(confirmed.counted) == set(confirmed.candidates + confirmed.references)
+    assert not confirmed.dropped and all(n == 3 for n in _starts(t, confirmed).values()), _starts(t, confirmed)

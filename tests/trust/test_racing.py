@@ -34,7 +34,7 @@ def round_of(n: int, base: int, spread: float) -> list[TrialRecord]:
 
 def test_after_one_round_a_candidate_and_a_reference_far_behind_are_dropped() -> None:
     trials = SEARCH + round_of(1, 10, 0.01)
-    out = beaten(trials, [1, 2, 3, 0], references={0}, objectives=BOTH)
+    out = beaten(trials, [1, 2, 3, 0], counted={0}, objectives=BOTH)
     # The reference's search run and its one confirmation run are two lifetimes: an interval.
     assert set(out) == {0, 2}, out
     assert out[2].startswith("trial 1 is better on every objective") or out[2].startswith("trial 3 is better")
@@ -44,7 +44,7 @@ def test_a_reference_with_its_search_run_alone_is_kept() -> None:
     # Only the candidates have been re-measured: the reference stands on one run, and is kept however far
     # behind; a candidate that far behind goes after its one confirmation run.
     trials = SEARCH + [t for t in round_of(1, 10, 0.01) if t.result["confirms"] != 0]
-    out = beaten(trials, [1, 2, 3, 0], references={0}, objectives=BOTH)
+    out = beaten(trials, [1, 2, 3, 0], counted={0}, objectives=BOTH)
     assert set(out) == {2}, out
 
 
