@@ -117,6 +117,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
+def weights_per_gpu_gib(name_or_dir: str, tensor_parallel: int) -> float | None:
+    """A GPU's share of the weights by the model's shape (a preset or a local config.json), in GiB; None
+    for a hub name that cannot be read offline."""
+    try:
+        model = load_model(name_or_dir)
+    except ModelSpecError:
+        return None
+    return model.weight_bytes / max(1, tensor_parallel) / (1 << 30)
+
+
 def load_model(name_or_dir: str) -> ModelSpec:
     """A preset name or a directory holding a Hugging Face `config.json`."""
     if name_or_dir in MODEL_PRESETS:

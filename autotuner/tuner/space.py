@@ -69,14 +69,9 @@ def offload_limit_gib(scenario: Scenario, host_bytes: int | None = None) -> floa
 
 def _weights_per_gpu_gib(scenario: Scenario) -> float | None:
     """From a preset or a local config.json; None for a hub name we cannot read offline."""
-    from autotuner.catalog.models import load_model
-    from autotuner.errors import ModelSpecError
+    from autotuner.catalog.models import weights_per_gpu_gib
 
-    try:
-        model = load_model(scenario.engine.model)
-    except ModelSpecError:
-        return None
-    return model.weight_bytes / scenario.tensor_parallel_size() / GIB
+    return weights_per_gpu_gib(scenario.engine.model, scenario.tensor_parallel_size())
 
 
 def offload_shape(scenario: Scenario) -> offload_axis.LayerShape | None:

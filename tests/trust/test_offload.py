@@ -10,6 +10,7 @@ import pytest
 
 from autotuner.analysis.evidence import confirmations
 from autotuner.analysis.selection import select
+from autotuner.catalog.models import weights_per_gpu_gib
 from autotuner.errors import UserInputError
 from autotuner.export.exporter import run_export
 from autotuner.sim.gpu_state import GpuHost
@@ -41,6 +42,28 @@ def test_offload_check_on_the_simulated_engine(ignores: bool) -> None:
         assert verdict["verified"] is True
         assert verdict["reference_model_load_gib"] - verdict["model_load_gib"] == pytest.approx(4, abs=0.1)
     assert check(runner.evaluate({OFFLOAD: 0}), [reference]) is None  # nothing asked, nothing to check
+
+
+@pytest.mark.parametrize("ignores", [False, True])
+def test_without_a_trial_that_loaded_the_weights_the_shape_stands_in(ignores: bool) -> None:
+    # The box where only offload serves: no trial without offload ever logged a weights footprint.
+    flags = {**FIXED, **({"sim-ignore-cpu-offload": True} if ignores else {})}
+    sc = scenario(**{"engine.flags": flags})
+    shape = weights_per_gpu_gib(sc.engine.model, sc.tensor_parallel_size())
+    assert shape is not None
+    verdict = check(VirtualRunner(sc).evaluate({OFFLOAD: 4}), [], shape)
+    assert verdict is not None and verdict["reference_trial"] is None
+    if ignores:
+        assert verdict["verified"] is False and "ignores the flag" in verdict["reason"]
+    else:
+        assert verdict["verified"] is True and "the model's shape" in verdict["reason"], verdict
+        assert verdict["reference_model_load_gib"] == shape
+    # A shape that does not account for what loaded (a quantized checkpoint's weights are a quarter of
+    # what its shape says): no verdict either way, rather than a drop that is no offload.
+    unknown = check(VirtualRunner(scenario(**{"engine.flags": FIXED})).evaluate({OFFLOAD: 4}), [], shape * 4)
+    assert unknown is not None and unknown["verified"] is None
+    without = check(VirtualRunner(sc).evaluate({OFFLOAD: 4}), [], None)  # no shape known (a hub name offline)
+    assert without is not None and without["verified"] is (False if ignores else None)
 
 
 def test_an_engine_ignoring_offload_is_caught_and_not_exported(tmp_path: Path) -> None:
