@@ -99,6 +99,9 @@ def print_confirm(report: ConfirmReport) -> None:
                    + (f"; offload: {c.offload.get('reason')}" if c.offload else ""))
     for number, why in report.dropped.items():
         typer.echo(f"  trial {number} measured no more: {why}")
+    for number in report.rejoined:
+        typer.echo(f"  trial {number}, dropped by racing, ran the rounds it missed: every configuration that "
+                   "beat it was refused on a bound, and a winner stands on every confirmation start")
     if report.next_in_line:
         typer.echo(f"  none of the first candidates held up: trials {', '.join(map(str, report.next_in_line))}, "
                    "next in line, were confirmed too")
@@ -157,12 +160,12 @@ async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: 
                               soak_s=duration_s if duration_s > 0 else None)
     if confirmed.confirmed_best is None or duration_s <= 0:
         return confirmed, None
-    done = confirmed.soaked
+    failed = [v for v in confirmed.soaked if not v.passed]  # the failures that moved the soak on, first
+    done = confirmed.soaked[-1] if confirmed.soaked else None
     if done is not None and done.passed and done.original == confirmed.confirmed_best:
-        return confirmed, SoakReport(study_name, [done])  # soaked on its last confirmation's engine
+        return confirmed, SoakReport(study_name, [*failed, done])  # soaked on its last confirmation's engine
     soaked = await soak(ctx, duration_s)
-    if done is not None and not done.passed:  # the failure that moved the soak on, first
-        soaked.verdicts.insert(0, done)
+    soaked.verdicts[:0] = failed
     return confirmed, soaked
 
 

@@ -66,12 +66,15 @@ class ConfirmReport:
     single_shot_best: int | None = None
     confirmed_best: int | None = None
     dropped: dict[int, str] = field(default_factory=dict)  # measured no more after a round, and why
+    # Dropped, then the best once every one that beat it was refused on a bound: run to R starts after all.
+    rejoined: list[int] = field(default_factory=list)
     lifetimes: int = 0  # engine starts (runs counts replays)
     replays: list[int] = field(default_factory=list)  # replays asked of each lifetime, per round
     split: dict[str, float] = field(default_factory=dict)  # objective → within-lifetime share of the spread
-    # The soak run on the engine of the last round's leader, after its confirmation replays (no start of
-    # its own); None when there was none (not asked, or the runner cannot serve two workloads in a lifetime).
-    soaked: SoakVerdict | None = None
+    # Soaks run on the engine of the last round's leader, after its confirmation replays (no start of their
+    # own), in order: one, or a second when the first failed and a configuration dropped earlier rejoined;
+    # none when not asked, or the runner cannot serve two workloads in a lifetime.
+    soaked: list[SoakVerdict] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -146,7 +149,8 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
                                   "values": [result.metrics.get(m) for m, _ in data.objectives]})
     if soaked is not None and then is not None:
         log.info("soak.after_confirm", study=ctx.study_name, original=t.trial_number, workload=then.text)
-        report.soaked = record_soak(ctx, study, t.trial_number, flags, soaked, then.text, started, after_confirm=True)
+        report.soaked.append(record_soak(ctx, study, t.trial_number, flags, soaked, then.text, started,
+                                         after_confirm=True))
 
 
 @dataclass(frozen=True)
@@ -273,10 +277,9 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                  search_run_counts=counted)
         per_lifetime = await _race(ctx, data, report, candidates + refs, set(counted), repeats, policy, per_lifetime,
                                    soak_s)
+        best = await _rejoin(ctx, report, candidates + refs, repeats, policy, per_lifetime, soak_s)
+        report.confirmed_best = best.trial_number if best is not None else None
         data = ctx.data()
-        ranked = confirmed_ranking(policy, analyse(data, analysis.slos), confirmations(data.trials),
-                                   soaks(data.trials))
-        report.confirmed_best = ranked[0].trial_number if ranked else None
     if max(report.replays, default=1) > 1:
         _note_split(ctx, report, confirmed)  # what the replays showed, also when no later round needed it
     report.summaries = {n: c for n, c in confirmations(data.trials).items()
@@ -287,6 +290,35 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                     note="the single-shot best did not hold up when re-measured")
     log.info("confirm.finished", study=ctx.study_name, runs=report.runs, confirmed_best=report.confirmed_best)
     return report
+
+
+async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord], repeats: int, policy: str,
+                  per_lifetime: int, soak_s: float | None) -> TrialRecord | None:
+    """The confirmed best, on R confirmation starts whatever racing did. Racing drops what another
+    configuration beats on the objectives, and that one can still be refused later on a bound (its memory
+    peak, an SLO, a failed start): then the dropped one can end best on the single start it had — a
+    certificate on one engine lifetime. It rejoins for the rounds it missed, the last serving the soak,
+    and the ranking is asked again (it may not hold up over them)."""
+    by_number = {t.trial_number: t for t in measured}
+    while True:
+        data = ctx.data()
+        found = confirmations(data.trials)
+        ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), found, soaks(data.trials))
+        best = ranked[0] if ranked else None
+        if best is None or best.trial_number not in report.dropped or best.trial_number not in by_number:
+            return best
+        t, have = by_number[best.trial_number], found[best.trial_number].lifetimes
+        if have >= repeats:
+            return best
+        why = report.dropped.pop(t.trial_number)
+        report.rejoined.append(t.trial_number)
+        log.info("confirm.rejoined", study=ctx.study_name, trial=t.trial_number, starts=have, dropped_because=why,
+                 why="every configuration ahead of it was refused on a bound: it runs the rounds it missed")
+        study = ctx.study()
+        for rep in range(have, repeats):
+            plan = _leader_last(ctx, [t], t, soak_s)[1] if soak_s and rep == repeats - 1 else None
+            await _lifetime(ctx, study, data, report, t, rep, per_lifetime,
+                            report.lifetimes + repeats - rep, plan)
 
 
 async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measured: list[TrialRecord],

@@ -58,9 +58,9 @@ class Tuned:
                                       runner_factory(Path("."), 100_000), ConfirmPlan(top, repeats, replays), soak_s))
 
 
-def tune(tmp: Path, sc: Scenario, trials: int, seed: int = 0, name: str = "study.db") -> Tuned:
+def tune(tmp: Path, sc: Scenario, trials: int, seed: int = 0, name: str = "study.db", prune: bool = True) -> Tuned:
     storage = str(tmp / name)
     store = Store(storage)
     runner = VirtualRunner(sc)
-    summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed).run())
+    summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed, prune=prune).run())
     return Tuned(storage, store, summary.study_name, sc, runner)

@@ -278,3 +278,24 @@ def test_while_none_leads_every_counted_configuration_runs_the_last_round(tmp_pa
     assert confirmed is not None and len(confirmed.counted) >= 2
     assert set(confirmed.counted) == set(confirmed.candidates + confirmed.references)
     assert not confirmed.dropped and all(n == 3 for n in _starts(t, confirmed).values()), _starts(t, confirmed)
+
+
+def test_a_dropped_configuration_that_ends_best_runs_the_rounds_it_missed(tmp_path: Path) -> None:
+    # The runner-up (0.88, ~6 % slower than 0.92) is beaten beyond a 1 % noise after one round: dropped.
+    # 0.92 then runs out of memory on its third start and is refused; the runner-up is left the best on the
+    # one start it had, unless it rejoins: it runs rounds two and three, and the last one's engine serves
+    # the soak. Every utilization is measured to the end, so confirmation leaves one out and no search run
+    # counts as a lifetime.
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.01}), trials=6, prune=False)
+    t.runner = Remeasured(t.scenario, {}, oom_on=(0.92, 3))
+    confirmed, soaked = t.trust(top=2, repeats=3, soak_s=30, replays=1)
+    assert confirmed is not None and not confirmed.counted
+    rows = {r.trial_number: r for r in t.store.trials(t.study)}
+    best, slow = confirmed.candidates
+    assert rows[best].flags[UTIL] == 0.92 and confirmed.summaries[best].bad_runs
+    assert confirmed.rejoined == [slow] and slow not in confirmed.dropped, confirmed
+    assert confirmed.confirmed_best == slow
+    assert _starts(t, confirmed)[slow] == 3, _starts(t, confirmed)
+    assert confirmed.summaries[slow].intervals["output_tokens_per_s"].n == 3
+    assert soaked is not None and soaked.passed is not None and soaked.passed.original == slow
+    assert soaked.passed.after_confirm, "the soak runs on the engine of its last confirmation start"

@@ -87,7 +87,7 @@ def test_the_soak_runs_on_the_confirmed_bests_last_confirmation_engine(tmp_path:
     the soak costs no engine start of its own, and the certificate says where it ran."""
     t = tune(tmp_path, scenario(), trials=4)
     confirmed, soaked = t.trust(top=2, repeats=2, soak_s=60)
-    assert confirmed is not None and soaked is not None and confirmed.soaked is not None
+    assert confirmed is not None and soaked is not None and confirmed.soaked
     [verdict] = soaked.verdicts
     assert verdict.passed and verdict.after_confirm and verdict.original == confirmed.confirmed_best
     rows = t.store.trials(t.study)
