@@ -277,7 +277,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                  search_run_counts=counted)
         per_lifetime = await _race(ctx, data, report, candidates + refs, set(counted), repeats, policy, per_lifetime,
                                    soak_s)
-        best = await _rejoin(ctx, report, candidates + refs, repeats, policy, per_lifetime, soak_s)
+        best = await _rejoin(ctx, report, confirmed, repeats, policy, per_lifetime, soak_s)
         report.confirmed_best = best.trial_number if best is not None else None
         data = ctx.data()
     if max(report.replays, default=1) > 1:
