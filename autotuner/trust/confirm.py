@@ -38,7 +38,6 @@ from autotuner.analysis.lifetimes import replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
 from autotuner.analysis.study_data import StudyData
-from autotuner.catalog.models import weights_per_gpu_gib
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
@@ -128,8 +127,7 @@ async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, rep
     soaked = results[replays] if then is not None and len(results) > replays else None
     results = results[:replays]
     # The weights were loaded once: one offload check per lifetime (it reads the engine's log).
-    check = offload.check(results[0], data.trials, weights_per_gpu_gib(ctx.scenario.engine.model,
-                                                                        ctx.scenario.tensor_parallel_size()))
+    check = offload.check(results[0], data.trials, ctx.weights_gib)
     for k, result in enumerate(results):
         extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
         if t.trial_number in report.counted:  # its search run then counts as a lifetime (evidence.py)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import optuna
 import structlog
 
 from autotuner.analysis.study_data import StudyData, read_study
+from autotuner.catalog.models import weights_per_gpu_gib
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
@@ -32,6 +34,11 @@ class TrustContext:
 
     def __post_init__(self) -> None:
         self.space: Space = build_space(self.scenario)
+
+    @cached_property
+    def weights_gib(self) -> float | None:
+        """A GPU's share of the weights by the model's shape (the offload check's stand-in), read once."""
+        return weights_per_gpu_gib(self.scenario.engine.model, self.scenario.tensor_parallel_size())
 
     def make_runner(self, scenario: Scenario) -> TrialRunner:
         return self.runner_for(scenario)

@@ -128,7 +128,6 @@ def _judge(out: dict[str, Any], logged: float | None, expected_drop: float | Non
     return out
 
 
-
 def _source(out: dict[str, Any]) -> str:
     trial = out.get("reference_trial")
     return f"trial {trial}" if trial is not None else str(out.get("reference", "the model's shape"))
