@@ -197,10 +197,13 @@ def test_an_overrun_skips_ahead_instead_of_bursting() -> None:
     sampler = Sampler(monitor, hz=100.0)
     run_for(sampler, 0.3)
     sampler.stop()
-    gaps = [b - a for a, b in zip(monitor.calls[4:10], monitor.calls[5:11], strict=True)]
-    assert gaps[0] >= 0.055
-    # Catching up would read back to back after the slow one; skipping ahead keeps reads spaced.
-    assert min(gaps[1:]) > 0.005
+    assert monitor.calls[5] - monitor.calls[4] >= 0.055
+    # Catching up would read the 5 missed slots back to back after the slow one; skipping ahead reads each
+    # grid slot at most once. n reads in distinct slots span more than n − 2 periods, however late the box
+    # wakes the thread (a wake-up late in one slot can land the next read right after it: no gap to test).
+    after = monitor.calls[5:]
+    assert len(after) >= 10
+    assert len(after) <= (after[-1] - after[0]) / 0.01 + 2, after
 
 
 def test_a_failing_callback_does_not_stop_sampling() -> None:
