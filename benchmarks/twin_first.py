@@ -243,7 +243,8 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
         picked = select(storage, tuner.study_name, [], "knee")
     except UserInputError:  # nothing the search measured meets the SLOs
         picked = None
-    rows = {t.number: t for t in done}
+    # Read again: a backed-off configuration (trust/confirm.py) is a trial the trust phase added.
+    rows = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     verified = (key_of(scenario_flags(rows[picked.chosen.trial_number].params))
                 if picked is not None and picked.chosen is not None and not picked.missing
                 and picked.chosen.trial_number in rows else None)

@@ -24,6 +24,11 @@ def confirmed_bounds(trial: TrialRecord, confirmation: Confirmation) -> TrialRec
     return replace(trial, result={**trial.result, "metrics": metrics, "memory": memory})
 
 
+def peak_threshold(scenario: Scenario) -> float:
+    """The memory peak fraction a confirmed configuration's peak bound must stay under."""
+    return scenario.oom_threshold.fraction or 0.97
+
+
 def confirmation_problem(trial: TrialRecord, confirmation: Confirmation, scenario: Scenario,
                          slos: list[Slo]) -> str | None:
     """Why the confirmed trial is out (None when it stands)."""
@@ -31,7 +36,7 @@ def confirmation_problem(trial: TrialRecord, confirmation: Confirmation, scenari
         return "a confirmation run failed: " + confirmation.bad_runs[0]
     if confirmation.offload_failed:
         return "offload not verified: " + str((confirmation.offload or {}).get("reason"))
-    threshold = scenario.oom_threshold.fraction or 0.97
+    threshold = peak_threshold(scenario)
     if confirmation.peak_bound is not None and confirmation.peak_bound >= threshold:
         return (f"memory peak up to {confirmation.peak_bound:.1%} (worst seen {confirmation.worst_peak_fraction:.1%}, "
                 f"or what the next engine start may reach) ≥ threshold {threshold:.0%}")

@@ -49,10 +49,15 @@ class TrialKind(StrEnum):
     TWIN = "twin"  # a finalist of the calibrated twin's search (autotuner.twin)
     CONFIRM = "confirm"  # a re-measurement of a candidate (trust)
     SOAK = "soak"  # the chosen candidate under the worst workload (trust)
+    # A confirmed candidate refused on its memory peak alone, with less utilization (analysis/backoff.py):
+    # a candidate, run by the trust phase after the search.
+    BACKOFF = "backoff"
 
 
 # Re-measurements: evidence about candidates, never candidates, never counted in the search budget.
 TRUST_KINDS = (TrialKind.CONFIRM, TrialKind.SOAK)
+# Run by the trust phase after the search: never counted in the search's budget.
+AFTER_SEARCH = (*TRUST_KINDS, TrialKind.BACKOFF)
 # Candidates the memory model may rule out before launch (the baseline, the user's own config and warm
 # starts are measured whatever it says: they are references).
 SCREENED = (TrialKind.SEARCH, TrialKind.REPAIRED, TrialKind.TWIN)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from autotuner.monitor import Threshold
 from autotuner.scenario import Scenario
 from autotuner.trials import memory_margin
-from autotuner.trials.outcomes import NOT_SERVED, TRUST_KINDS, Outcome
+from autotuner.trials.outcomes import AFTER_SEARCH, NOT_SERVED, Outcome
 from autotuner.trials.result import TrialResult
 
 CONSTRAINT_KEYS = ("memory", "startup", "requests", "slo")
@@ -68,5 +68,5 @@ def feasible(constraints: Mapping[str, float]) -> bool:
 
 def counts_against_budget(user_attrs: Mapping[str, object]) -> bool:
     """Whether a completed trial (by its user attributes) is one of the study's engine runs: launched
-    (not rejected before launch) and a search trial, not a re-measurement."""
-    return bool(user_attrs.get("launched", True)) and user_attrs.get("kind") not in TRUST_KINDS
+    (not rejected before launch) and the search's, not the trust phase's."""
+    return bool(user_attrs.get("launched", True)) and user_attrs.get("kind") not in AFTER_SEARCH

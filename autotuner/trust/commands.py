@@ -102,6 +102,9 @@ def print_confirm(report: ConfirmReport) -> None:
     for number in report.rejoined:
         typer.echo(f"  trial {number}, dropped by racing, ran the rounds it missed: every configuration that "
                    "beat it was refused on a bound, and a winner stands on every confirmation start")
+    for number, original in report.backed_off.items():
+        typer.echo(f"  trial {number} backs trial {original} off the memory wall: its flags with less "
+                   "gpu-memory-utilization, as its memory peak bound alone refused it")
     if report.next_in_line:
         typer.echo(f"  none of the first candidates held up: trials {', '.join(map(str, report.next_in_line))}, "
                    "next in line, were confirmed too")
@@ -161,8 +164,10 @@ async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: 
     if confirmed.confirmed_best is None or duration_s <= 0:
         return confirmed, None
     failed = [v for v in confirmed.soaked if not v.passed]  # the failures that moved the soak on, first
-    done = confirmed.soaked[-1] if confirmed.soaked else None
-    if done is not None and done.passed and done.original == confirmed.confirmed_best:
+    # The best's, on its last confirmation engine; a later one may be a backed-off configuration's that
+    # did not end best (confirm.py).
+    done = next((v for v in reversed(confirmed.soaked) if v.original == confirmed.confirmed_best), None)
+    if done is not None and done.passed:
         return confirmed, SoakReport(study_name, [*failed, done])  # soaked on its last confirmation's engine
     soaked = await soak(ctx, duration_s)
     soaked.verdicts[:0] = failed

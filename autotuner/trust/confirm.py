@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import optuna
 import structlog
 
+from autotuner.analysis.backoff import worth_backing_off
 from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
@@ -41,11 +42,13 @@ from autotuner.analysis.study_data import StudyData
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
+from autotuner.trials.outcomes import TRUST_KINDS, TrialKind
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
 from autotuner.trust import offload
 from autotuner.trust.context import TrustContext
 from autotuner.trust.record import record
 from autotuner.trust.soak import record_soak, soak_scenario
+from autotuner.vllm.flags import UTILIZATION
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +70,9 @@ class ConfirmReport:
     dropped: dict[int, str] = field(default_factory=dict)  # measured no more after a round, and why
     # Dropped, then the best once every one that beat it was refused on a bound: run to R starts after all.
     rejoined: list[int] = field(default_factory=list)
+    # A configuration refused on its memory peak alone, re-tried with less utilization: the new trial → the
+    # refused one (analysis/backoff.py). At most one per study.
+    backed_off: dict[int, int] = field(default_factory=dict)
     lifetimes: int = 0  # engine starts (runs counts replays)
     replays: list[int] = field(default_factory=list)  # replays asked of each lifetime, per round
     split: dict[str, float] = field(default_factory=dict)  # objective → within-lifetime share of the spread
@@ -275,6 +281,8 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
                  search_run_counts=counted)
         per_lifetime = await _race(ctx, data, report, candidates + refs, set(counted), repeats, policy, per_lifetime,
                                    soak_s)
+        if not report.backed_off:  # before a dropped one rejoins: the backed-off one may outrun it
+            await _back_off(ctx, report, repeats, policy, per_lifetime, soak_s)
         best = await _rejoin(ctx, report, confirmed, repeats, policy, per_lifetime, soak_s)
         report.confirmed_best = best.trial_number if best is not None else None
         data = ctx.data()
@@ -317,6 +325,88 @@ async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[Trial
             plan = _leader_last(ctx, [t], t, soak_s)[1] if soak_s and rep == repeats - 1 else None
             await _lifetime(ctx, study, data, report, t, rep, per_lifetime,
                             report.lifetimes + repeats - rep, plan)
+
+
+# The most utilization a backed-off configuration gives up: at the wall by a point or two, the same flags
+# keep nearly all of their speed; a peak bound further out says the peaks spread widely, and a configuration
+# that far below is one the search could have measured itself.
+MAX_BACKOFF = 0.03
+
+
+async def _back_off(ctx: TrustContext, report: ConfirmReport, repeats: int, policy: str, per_lifetime: int,
+                    soak_s: float | None) -> bool:
+    """When the configuration that would be the confirmed best but for its memory peak bound is refused on
+    that alone: the same flags with utilization lowered by the bound's excess (rounded up to the space's
+    step), measured and confirmed — its first run one of its R lifetimes, as nothing picked it for a lucky
+    run — racing the confirmed best so far, its last engine serving the soak. Whether it ran."""
+    data = ctx.data()
+    plan = worth_backing_off(data, policy)
+    dist = ctx.space.distributions.get(UTILIZATION)
+    if plan is None or not isinstance(dist, optuna.distributions.FloatDistribution):
+        return False
+    params = ctx.space.clamp(plan.trial.flags)
+    if UTILIZATION not in params:
+        return False
+    step = dist.step or 0.01
+    by = max(1, math.ceil(plan.excess / step - 1e-6)) * step
+    lower = round(float(params[UTILIZATION]) - by, 6)
+    if lower < dist.low - 1e-9 or by > MAX_BACKOFF + 1e-9:
+        log.info("confirm.no_backoff", study=ctx.study_name, trial=plan.trial.trial_number, utilization=lower,
+                 why="below the space's range" if lower < dist.low - 1e-9 else
+                 f"more than {MAX_BACKOFF:.2f} of utilization: not a configuration at the wall any more")
+        return False
+    params = {**params, UTILIZATION: lower}
+    same = next((t for t in data.trials if t.kind not in TRUST_KINDS and ctx.space.clamp(t.flags) == params), None)
+    if same is not None and same.trial_number in confirmations(data.trials):
+        return False  # already confirmed: the ranking has had its say
+    flags = ctx.space.to_flags(params)
+    log.info("confirm.backoff", study=ctx.study_name, refused=plan.trial.trial_number, peak_bound=plan.peak_bound,
+             threshold=plan.threshold, utilization=lower, measured=same.trial_number if same is not None else None,
+             why="the best but for its memory peak bound: the same flags with less KV cache stand under the wall")
+    study = ctx.study()
+    budget = report.lifetimes + repeats
+    if same is None:
+        ctx.on_event("trial", {"number": None, "index": report.lifetimes + 1, "budget": budget, "flags": flags,
+                               "kind": TrialKind.BACKOFF})
+        started = time.time()
+        result = (await ctx.runner.run_lifetime(flags, 1))[0]
+        report.lifetimes += 1
+        report.runs += 1
+        number = record(study, ctx.store, ctx.scenario, ctx.space, kind=TrialKind.BACKOFF,
+                        original=plan.trial.trial_number, params=params, result=result, started=started,
+                        extra={"peak_bound": plan.peak_bound, "threshold": plan.threshold})
+        ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
+                                  "reason": result.reason, "flags": result.flags, "feasible": result.outcome == "ok",
+                                  "values": [result.metrics.get(m) for m, _ in data.objectives]})
+        data = ctx.data()
+        same = next(t for t in data.trials if t.trial_number == number)
+    t = same
+    report.backed_off[t.trial_number] = plan.trial.trial_number
+    if t.trial_number not in {c.trial_number for c in analyse(data, combine(data.scenario.slos, [])).candidates}:
+        log.info("confirm.backoff_refused", study=ctx.study_name, trial=t.trial_number, outcome=t.outcome,
+                 why="its first run is not a candidate (see its reason)")
+        return True
+    report.candidates.append(t.trial_number)
+    report.counted.append(t.trial_number)
+    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), confirmations(data.trials),
+                               soaks(data.trials))
+    best = ranked[0] if ranked else None
+    rivals = [t] + ([best] if best is not None else [])
+    counted = {n for n in (t.trial_number, best.trial_number if best is not None else None) if n in report.counted}
+    for rep in range(max(1, repeats - 1)):
+        if rep:
+            out = beaten(ctx.data().trials, [r.trial_number for r in rivals], counted, data.objectives)
+            if t.trial_number in out:
+                report.dropped[t.trial_number] = out[t.trial_number]
+                log.info("confirm.dropped", study=ctx.study_name, trial=t.trial_number, after_rounds=rep + 1,
+                         why=out[t.trial_number])
+                return True
+        # Its last engine serves the soak: at two lifetimes its own peak bound cannot stand yet (t at one
+        # degree of freedom), so whether it will lead is not known before; a soak it did not need costs
+        # time, not an engine start, and the best's own soak verdict stands.
+        soak = _leader_last(ctx, [t], t, soak_s)[1] if soak_s and rep == repeats - 2 else None
+        await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, soak)
+    return True
 
 
 async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measured: list[TrialRecord],

@@ -1,5 +1,5 @@
 """A trust measurement stored like a search trial: an Optuna trial (so optuna-dashboard shows it, with
-`kind` and the trial it `confirms` / `soaks` as user attributes) and our `at_trials` row.
+`kind` and the trial it `confirms` / `soaks` / `backs_off` as user attributes) and our `at_trials` row.
 
 Added with `study.add_trial` as a finished trial: it never goes through `ask`, so it cannot take the
 place of a trial queued for the search, and `launched_trials` leaves it out of the trial budget.
@@ -16,9 +16,13 @@ from optuna.trial import TrialState
 
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store, TrialRecord
+from autotuner.trials.outcomes import TrialKind
 from autotuner.trials.result import TrialResult
 from autotuner.trials.scoring import WORST_LATENCY_S, constraints_of, feasible
 from autotuner.tuner.space import Space
+
+# The user attribute and result key naming the trial a trust run is about.
+LINKS = {TrialKind.CONFIRM: "confirms", TrialKind.SOAK: "soaks", TrialKind.BACKOFF: "backs_off"}
 
 
 def placeholders(study: optuna.Study, directions: list[str]) -> list[float]:
@@ -44,7 +48,7 @@ def record(study: optuna.Study, store: Store, scenario: Scenario, space: Space, 
         values = placeholders(study, [o.direction for o in scenario.objectives])
         ok = False
     tag = uuid.uuid4().hex
-    link = "confirms" if kind == "confirm" else "soaks"
+    link = LINKS[TrialKind(kind)]
     attrs = {"kind": kind, link: original, "launched": True, "trust_id": tag, "outcome": result.outcome,
              "reason": result.reason, "feasible": ok, "constraints": constraints,
              "peak_fraction": result.memory.get("peak_fraction"),

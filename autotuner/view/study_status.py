@@ -22,7 +22,7 @@ from autotuner.errors import UserInputError
 from autotuner.export.certificate import time_basis
 from autotuner.secrets import display_url
 from autotuner.store.db import TrialRecord
-from autotuner.trials.outcomes import OOM_OUTCOMES, TRUST_KINDS
+from autotuner.trials.outcomes import AFTER_SEARCH, OOM_OUTCOMES, TRUST_KINDS
 from autotuner.units import flag_value, percent, seconds
 from autotuner.view.live import LiveView
 
@@ -49,7 +49,7 @@ def run_status(storage: str, study: str | None = None, console: Console | None =
         return 0
     table = Table(title=f"studies in {display_url(storage)}", title_justify="left")
     # "searched" counts the search's trials (what `tune`'s N/M counts, plus the ones the memory model
-    # skipped), "re-runs" the confirmation and soak runs measured after it.
+    # skipped), "re-runs" the trust phase's runs after it (confirmation, soak, a backed-off candidate).
     counts = ("searched", "re-runs", "feasible", "OOM")
     for column in ("study", "scenario", *counts, "recommended", "compared with"):
         table.add_column(column, overflow="fold", justify="right" if column in counts else "left")
@@ -58,7 +58,7 @@ def run_status(storage: str, study: str | None = None, console: Console | None =
         analysis = analyse(data, scenario_slos(data.scenario.slos))
         trials = data.trials
         winner, compared = recommended(analysis)
-        reruns = sum(t.kind in TRUST_KINDS for t in trials)
+        reruns = sum(t.kind in AFTER_SEARCH for t in trials)
         table.add_row(
             record.study_name, record.scenario_name, str(len(trials) - reruns), str(reruns),
             str(len(analysis.candidates)), str(sum(t.outcome in OOM_OUTCOMES for t in trials)),

@@ -58,9 +58,10 @@ class Tuned:
                                       runner_factory(Path("."), 100_000), ConfirmPlan(top, repeats, replays), soak_s))
 
 
-def tune(tmp: Path, sc: Scenario, trials: int, seed: int = 0, name: str = "study.db", prune: bool = True) -> Tuned:
+def tune(tmp: Path, sc: Scenario, trials: int, seed: int = 0, name: str = "study.db", prune: bool = True,
+         runner: VirtualRunner | None = None) -> Tuned:
     storage = str(tmp / name)
     store = Store(storage)
-    runner = VirtualRunner(sc)
+    runner = runner or VirtualRunner(sc)
     summary = asyncio.run(Tuner(sc, runner, store, n_trials=trials, seed=seed, prune=prune).run())
     return Tuned(storage, store, summary.study_name, sc, runner)
