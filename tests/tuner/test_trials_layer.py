@@ -11,7 +11,8 @@ from autotuner.trials.scoring import counts_against_budget
 
 STORED_OUTCOMES = {"ok", "oom-threshold", "oom-crash", "startup-failed", "invalid-flags", "timeout", "crash",
                    "monitor-failed", "interference", "oom-predicted", "pruned", "interrupted", "gpus-busy"}
-STORED_KINDS = {"baseline", "current", "warm-start", "search", "repaired", "probe", "twin", "confirm", "soak"}
+STORED_KINDS = {"baseline", "current", "warm-start", "search", "repaired", "probe", "twin", "confirm", "soak",
+                "backoff"}
 
 
 def test_outcomes_and_kinds_are_the_stored_strings() -> None:
@@ -37,3 +38,4 @@ def test_the_budget_counts_launched_search_trials_only() -> None:
     assert counts_against_budget({"kind": "search"})  # older rows have no "launched"
     assert not counts_against_budget({"kind": "search", "launched": False})
     assert not counts_against_budget({"kind": TrialKind.CONFIRM, "launched": True})
+    assert not counts_against_budget({"kind": TrialKind.BACKOFF, "launched": True})  # the trust phase's
