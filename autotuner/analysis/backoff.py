@@ -16,6 +16,7 @@ certificate stands on the same evidence as any other.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from autotuner.analysis.candidates import analyse
@@ -45,21 +46,29 @@ def peak_only(trial: TrialRecord, confirmation: Confirmation, scenario: Scenario
     return confirmation_problem(trial, replace(confirmation, peak_bound=None), scenario, slos) is None
 
 
+def first_but_for_peaks(data: StudyData, policy: str, forgive: Collection[int] | None = None) -> int | None:
+    """The trial the confirmed ranking puts first when the memory peak bounds of `forgive` (default: every
+    trial refused on its peak alone) are not held against them."""
+    analysis = analyse(data, combine(data.scenario.slos, []))
+    found = confirmations(data.trials)
+    if forgive is None:
+        by_number = {t.trial_number: t for t in data.trials}
+        forgive = {n for n, c in found.items()
+                   if n in by_number and peak_only(by_number[n], c, data.scenario, analysis.slos)}
+    forgiven = {n: replace(c, peak_bound=None) if n in forgive else c for n, c in found.items()}
+    ranked = confirmed_ranking(policy, analysis, forgiven, soaks(data.trials))
+    return ranked[0].trial_number if ranked else None
+
+
 def worth_backing_off(data: StudyData, policy: str) -> Backoff | None:
     """The configuration to back off: the one the confirmed ranking would put first were its memory peak
     bound not held against it, when that bound is all that refuses it; None when the confirmed best
     already stands first that way, or nothing confirmed was refused on its peak alone."""
-    analysis = analyse(data, combine(data.scenario.slos, []))
+    first = first_but_for_peaks(data, policy)
     found = confirmations(data.trials)
     by_number = {t.trial_number: t for t in data.trials}
-    refused = {n for n, c in found.items()
-               if n in by_number and peak_only(by_number[n], c, data.scenario, analysis.slos)}
-    if not refused:
-        return None
-    forgiven = {n: replace(c, peak_bound=None) if n in refused else c for n, c in found.items()}
-    ranked = confirmed_ranking(policy, analysis, forgiven, soaks(data.trials))
-    first = ranked[0].trial_number if ranked else None
-    if first not in refused:
+    if first is None or first not in by_number or not peak_only(by_number[first], found[first], data.scenario,
+                                                                combine(data.scenario.slos, [])):
         return None
     bound = found[first].peak_bound
     assert bound is not None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import optuna
 import structlog
 
-from autotuner.analysis.backoff import worth_backing_off
+from autotuner.analysis.backoff import first_but_for_peaks, worth_backing_off
 from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
@@ -401,10 +401,12 @@ async def _back_off(ctx: TrustContext, report: ConfirmReport, repeats: int, poli
                 log.info("confirm.dropped", study=ctx.study_name, trial=t.trial_number, after_rounds=rep + 1,
                          why=out[t.trial_number])
                 return True
-        # Its last engine serves the soak: at two lifetimes its own peak bound cannot stand yet (t at one
-        # degree of freedom), so whether it will lead is not known before; a soak it did not need costs
-        # time, not an engine start, and the best's own soak verdict stands.
-        soak = _leader_last(ctx, [t], t, soak_s)[1] if soak_s and rep == repeats - 2 else None
+        # Its last engine serves the soak when it leads but for its memory peak: at two lifetimes its own
+        # peak bound cannot stand yet (t at one degree of freedom). A soak it then does not need costs
+        # time, not a start; one it would need, when it trailed, costs a start of its own.
+        last = bool(soak_s) and rep == repeats - 2
+        leads = last and first_but_for_peaks(ctx.data(), policy, {t.trial_number}) == t.trial_number
+        soak = _leader_last(ctx, [t], t, soak_s)[1] if leads and soak_s else None
         await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, soak)
     return True
 
