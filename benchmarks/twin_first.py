@@ -243,7 +243,7 @@ def run_study(box: Box, seed: int, runs: int, twin: bool, tmp: str, warm_from: B
         picked = select(storage, tuner.study_name, [], "knee")
     except UserInputError:  # nothing the search measured meets the SLOs
         picked = None
-    # Read again: a backed-off configuration (trust/confirm.py) is a trial the trust phase added.
+    # Read again: a backed-off configuration (trust/backoff.py) is a trial the trust phase added.
     rows = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     verified = (key_of(scenario_flags(rows[picked.chosen.trial_number].params))
                 if picked is not None and picked.chosen is not None and not picked.missing

@@ -10,7 +10,7 @@ budget and offload unchanged (benchmarks/README.md, winner_regret), so the same 
 lowered by the bound's excess keep nearly all of the speed and stand under the wall.
 
 Asked only of the configuration that would be the confirmed best but for its peak: one back-off per
-study, measured and confirmed like any candidate (trust/confirm.py), so its cost is bounded and its
+study, measured and confirmed like any candidate (trust/backoff.py), so its cost is bounded and its
 certificate stands on the same evidence as any other.
 """
 
@@ -46,17 +46,15 @@ def peak_only(trial: TrialRecord, confirmation: Confirmation, scenario: Scenario
     return confirmation_problem(trial, replace(confirmation, peak_bound=None), scenario, slos) is None
 
 
-def first_but_for_peaks(data: StudyData, policy: str, forgive: Collection[int] | None = None) -> int | None:
-    """The trial the confirmed ranking puts first when the memory peak bounds of `forgive` (default: every
-    trial refused on its peak alone) are not held against them."""
-    analysis = analyse(data, combine(data.scenario.slos, []))
-    found = confirmations(data.trials)
-    if forgive is None:
-        by_number = {t.trial_number: t for t in data.trials}
-        forgive = {n for n, c in found.items()
-                   if n in by_number and peak_only(by_number[n], c, data.scenario, analysis.slos)}
+def first_but_for_peaks(data: StudyData, policy: str, forgive: Collection[int]) -> int | None:
+    """The trial the confirmed ranking puts first when the memory peak bounds of `forgive` are not held
+    against them."""
+    return _first(data, policy, confirmations(data.trials), forgive)
+
+
+def _first(data: StudyData, policy: str, found: dict[int, Confirmation], forgive: Collection[int]) -> int | None:
     forgiven = {n: replace(c, peak_bound=None) if n in forgive else c for n, c in found.items()}
-    ranked = confirmed_ranking(policy, analysis, forgiven, soaks(data.trials))
+    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), forgiven, soaks(data.trials))
     return ranked[0].trial_number if ranked else None
 
 
@@ -64,11 +62,12 @@ def worth_backing_off(data: StudyData, policy: str) -> Backoff | None:
     """The configuration to back off: the one the confirmed ranking would put first were its memory peak
     bound not held against it, when that bound is all that refuses it; None when the confirmed best
     already stands first that way, or nothing confirmed was refused on its peak alone."""
-    first = first_but_for_peaks(data, policy)
     found = confirmations(data.trials)
     by_number = {t.trial_number: t for t in data.trials}
-    if first is None or first not in by_number or not peak_only(by_number[first], found[first], data.scenario,
-                                                                combine(data.scenario.slos, [])):
+    slos = combine(data.scenario.slos, [])
+    refused = {n for n, c in found.items() if n in by_number and peak_only(by_number[n], c, data.scenario, slos)}
+    first = _first(data, policy, found, refused) if refused else None
+    if first not in refused:
         return None
     bound = found[first].peak_bound
     assert bound is not None

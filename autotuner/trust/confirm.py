@@ -24,66 +24,24 @@ round unless it leads.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
 
-import optuna
 import structlog
 
-from autotuner.analysis.backoff import first_but_for_peaks, worth_backing_off
 from autotuner.analysis.candidates import Analysis, analyse, choose
 from autotuner.analysis.compare import reference_label, references
 from autotuner.analysis.confirmed import confirmed_ranking
-from autotuner.analysis.evidence import Confirmation, SoakVerdict, confirmations, soaks
+from autotuner.analysis.evidence import confirmations, soaks
 from autotuner.analysis.lifetimes import replays_pay, split
 from autotuner.analysis.racing import beaten
 from autotuner.analysis.slo import combine
 from autotuner.analysis.study_data import StudyData
-from autotuner.errors import UserInputError
-from autotuner.scenario import Scenario
 from autotuner.store.db import TrialRecord
-from autotuner.trials.outcomes import TRUST_KINDS, TrialKind
 from autotuner.trials.scoring import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP
-from autotuner.trust import offload
+from autotuner.trust.backoff import back_off
 from autotuner.trust.context import TrustContext
-from autotuner.trust.record import record
-from autotuner.trust.soak import record_soak, soak_scenario
-from autotuner.vllm.flags import UTILIZATION
+from autotuner.trust.lifetime import ConfirmReport, SoakPlan, measure_lifetime, soak_plan
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class ConfirmReport:
-    study: str
-    candidates: list[int]
-    runs: int
-    references: list[int] = field(default_factory=list)  # baseline / current config, re-measured beside them
-    # Those whose search run is one of their R lifetimes: the references, and the candidates when they are
-    # every SLO-feasible configuration the search measured (none was picked for luck).
-    counted: list[int] = field(default_factory=list)
-    next_in_line: list[int] = field(default_factory=list)  # candidates confirmed after none of the first held up
-    labels: dict[int, str] = field(default_factory=dict)  # "vLLM's defaults", "your current config"
-    summaries: dict[int, Confirmation] = field(default_factory=dict)
-    single_shot_best: int | None = None
-    confirmed_best: int | None = None
-    dropped: dict[int, str] = field(default_factory=dict)  # measured no more after a round, and why
-    # Dropped, then the best once every one that beat it was refused on a bound: run to R starts after all.
-    rejoined: list[int] = field(default_factory=list)
-    # A configuration refused on its memory peak alone, re-tried with less utilization: the new trial → the
-    # refused one (analysis/backoff.py). At most one per study.
-    backed_off: dict[int, int] = field(default_factory=dict)
-    lifetimes: int = 0  # engine starts (runs counts replays)
-    replays: list[int] = field(default_factory=list)  # replays asked of each lifetime, per round
-    split: dict[str, float] = field(default_factory=dict)  # objective → within-lifetime share of the spread
-    # Soaks run on the engine of the last round's leader, after its confirmation replays (no start of their
-    # own), in order: one, or a second when the first failed and a configuration dropped earlier rejoined;
-    # none when not asked, or the runner cannot serve two workloads in a lifetime.
-    soaked: list[SoakVerdict] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return None not in (self.single_shot_best, self.confirmed_best) and self.confirmed_best != self.single_shot_best
 
 
 def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
@@ -118,51 +76,6 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
     return out[:top]
 
 
-async def _lifetime(ctx: TrustContext, study: optuna.Study, data: StudyData, report: ConfirmReport,
-                    t: TrialRecord, rep: int, replays: int, budget: int, then: SoakPlan | None = None) -> None:
-    """One engine lifetime of `t`'s configuration, its replays each recorded as a confirm run (`data`: the
-    study as confirmation found it, for the offload check's reference footprints); with `then`, the soak
-    on the same engine after them."""
-    params = ctx.space.clamp(t.flags)
-    flags = ctx.space.to_flags(params)
-    ctx.on_event("trial", {"number": t.trial_number, "index": report.runs + 1, "budget": budget, "flags": flags,
-                           "kind": "confirm"})
-    started = time.time()
-    results = await ctx.runner.run_lifetime(flags, replays, then=then.scenario if then is not None else None)
-    report.lifetimes += 1
-    soaked = results[replays] if then is not None and len(results) > replays else None
-    results = results[:replays]
-    # The weights were loaded once: one offload check per lifetime (it reads the engine's log).
-    check = offload.check(results[0], data.trials, ctx.weights_gib)
-    for k, result in enumerate(results):
-        extra: dict[str, object] = {"lifetime": rep + 1, "replay": k + 1}
-        if t.trial_number in report.counted:  # its search run then counts as a lifetime (evidence.py)
-            extra["search_run"] = True
-        if check is not None:
-            extra["offload"] = check
-        number = record(study, ctx.store, ctx.scenario, ctx.space, kind="confirm", original=t.trial_number,
-                        params=params, result=result, started=started, extra=extra)
-        started = time.time()
-        report.runs += 1
-        log.info("confirm.run", study=ctx.study_name, number=number, confirms=t.trial_number, repeat=rep + 1,
-                 replay=k + 1, outcome=result.outcome, **{m: result.metrics.get(m) for m, _ in data.objectives},
-                 peak_fraction=result.memory.get("peak_fraction"), offload=check and check.get("verified"))
-        ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
-                                  "reason": result.reason, "flags": result.flags,
-                                  "feasible": result.outcome == "ok",
-                                  "values": [result.metrics.get(m) for m, _ in data.objectives]})
-    if soaked is not None and then is not None:
-        log.info("soak.after_confirm", study=ctx.study_name, original=t.trial_number, workload=then.text)
-        report.soaked.append(record_soak(ctx, study, t.trial_number, flags, soaked, then.text, started,
-                                         after_confirm=True))
-
-
-@dataclass(frozen=True)
-class SoakPlan:
-    scenario: Scenario
-    text: str
-
-
 def _leader(ctx: TrustContext, raced: list[TrialRecord], policy: str) -> TrialRecord | None:
     """The confirmed best so far among `raced`: the only one left when the runs cannot rank yet."""
     data = ctx.data()
@@ -179,14 +92,8 @@ def _leader_last(ctx: TrustContext, raced: list[TrialRecord], leader: TrialRecor
     replays: when it holds, its verified lifetime is already under way."""
     if leader is None or leader not in raced:
         return raced, None
-    flags = ctx.space.to_flags(ctx.space.clamp(leader.flags))
-    round_s = leader.metrics.get("e2e_p95_s")
-    try:
-        scenario, text = soak_scenario(ctx.scenario, flags, soak_s,
-                                       float(round_s) if isinstance(round_s, int | float) else None)
-    except UserInputError:
-        return raced, None  # the soak itself says why, on its own engine
-    return [t for t in raced if t is not leader] + [leader], SoakPlan(scenario, text)
+    plan = soak_plan(ctx, leader, soak_s)
+    return ([t for t in raced if t is not leader] + [leader], plan) if plan is not None else (raced, None)
 
 
 def _replays_after_two_rounds(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord],
@@ -282,7 +189,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
         per_lifetime = await _race(ctx, data, report, candidates + refs, set(counted), repeats, policy, per_lifetime,
                                    soak_s)
         if not report.backed_off:  # before a dropped one rejoins: the backed-off one may outrun it
-            await _back_off(ctx, report, repeats, policy, per_lifetime, soak_s)
+            await back_off(ctx, report, repeats, policy, per_lifetime, soak_s)
         best = await _rejoin(ctx, report, confirmed, repeats, policy, per_lifetime, soak_s)
         report.confirmed_best = best.trial_number if best is not None else None
         data = ctx.data()
@@ -322,93 +229,9 @@ async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[Trial
                  why="every configuration ahead of it was refused on a bound: it runs the rounds it missed")
         study = ctx.study()
         for rep in range(have, repeats):
-            plan = _leader_last(ctx, [t], t, soak_s)[1] if soak_s and rep == repeats - 1 else None
-            await _lifetime(ctx, study, data, report, t, rep, per_lifetime,
-                            report.lifetimes + repeats - rep, plan)
-
-
-# The most utilization a backed-off configuration gives up: at the wall by a point or two, the same flags
-# keep nearly all of their speed; a peak bound further out says the peaks spread widely, and a configuration
-# that far below is one the search could have measured itself.
-MAX_BACKOFF = 0.03
-
-
-async def _back_off(ctx: TrustContext, report: ConfirmReport, repeats: int, policy: str, per_lifetime: int,
-                    soak_s: float | None) -> bool:
-    """When the configuration that would be the confirmed best but for its memory peak bound is refused on
-    that alone: the same flags with utilization lowered by the bound's excess (rounded up to the space's
-    step), measured and confirmed — its first run one of its R lifetimes, as nothing picked it for a lucky
-    run — racing the confirmed best so far, its last engine serving the soak. Whether it ran."""
-    data = ctx.data()
-    plan = worth_backing_off(data, policy)
-    dist = ctx.space.distributions.get(UTILIZATION)
-    if plan is None or not isinstance(dist, optuna.distributions.FloatDistribution):
-        return False
-    params = ctx.space.clamp(plan.trial.flags)
-    if UTILIZATION not in params:
-        return False
-    step = dist.step or 0.01
-    by = max(1, math.ceil(plan.excess / step - 1e-6)) * step
-    lower = round(float(params[UTILIZATION]) - by, 6)
-    if lower < dist.low - 1e-9 or by > MAX_BACKOFF + 1e-9:
-        log.info("confirm.no_backoff", study=ctx.study_name, trial=plan.trial.trial_number, utilization=lower,
-                 why="below the space's range" if lower < dist.low - 1e-9 else
-                 f"more than {MAX_BACKOFF:.2f} of utilization: not a configuration at the wall any more")
-        return False
-    params = {**params, UTILIZATION: lower}
-    same = next((t for t in data.trials if t.kind not in TRUST_KINDS and ctx.space.clamp(t.flags) == params), None)
-    if same is not None and same.trial_number in confirmations(data.trials):
-        return False  # already confirmed: the ranking has had its say
-    flags = ctx.space.to_flags(params)
-    log.info("confirm.backoff", study=ctx.study_name, refused=plan.trial.trial_number, peak_bound=plan.peak_bound,
-             threshold=plan.threshold, utilization=lower, measured=same.trial_number if same is not None else None,
-             why="the best but for its memory peak bound: the same flags with less KV cache stand under the wall")
-    study = ctx.study()
-    budget = report.lifetimes + repeats
-    if same is None:
-        ctx.on_event("trial", {"number": None, "index": report.lifetimes + 1, "budget": budget, "flags": flags,
-                               "kind": TrialKind.BACKOFF})
-        started = time.time()
-        result = (await ctx.runner.run_lifetime(flags, 1))[0]
-        report.lifetimes += 1
-        report.runs += 1
-        number = record(study, ctx.store, ctx.scenario, ctx.space, kind=TrialKind.BACKOFF,
-                        original=plan.trial.trial_number, params=params, result=result, started=started,
-                        extra={"peak_bound": plan.peak_bound, "threshold": plan.threshold})
-        ctx.on_event("finished", {"number": number, "outcome": result.outcome, "state": "COMPLETE",
-                                  "reason": result.reason, "flags": result.flags, "feasible": result.outcome == "ok",
-                                  "values": [result.metrics.get(m) for m, _ in data.objectives]})
-        data = ctx.data()
-        same = next(t for t in data.trials if t.trial_number == number)
-    t = same
-    report.backed_off[t.trial_number] = plan.trial.trial_number
-    if t.trial_number not in {c.trial_number for c in analyse(data, combine(data.scenario.slos, [])).candidates}:
-        log.info("confirm.backoff_refused", study=ctx.study_name, trial=t.trial_number, outcome=t.outcome,
-                 why="its first run is not a candidate (see its reason)")
-        return True
-    report.candidates.append(t.trial_number)
-    report.counted.append(t.trial_number)
-    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), confirmations(data.trials),
-                               soaks(data.trials))
-    best = ranked[0] if ranked else None
-    rivals = [t] + ([best] if best is not None else [])
-    counted = {n for n in (t.trial_number, best.trial_number if best is not None else None) if n in report.counted}
-    for rep in range(max(1, repeats - 1)):
-        if rep:
-            out = beaten(ctx.data().trials, [r.trial_number for r in rivals], counted, data.objectives)
-            if t.trial_number in out:
-                report.dropped[t.trial_number] = out[t.trial_number]
-                log.info("confirm.dropped", study=ctx.study_name, trial=t.trial_number, after_rounds=rep + 1,
-                         why=out[t.trial_number])
-                return True
-        # Its last engine serves the soak when it leads but for its memory peak: at two lifetimes its own
-        # peak bound cannot stand yet (t at one degree of freedom). A soak it then does not need costs
-        # time, not a start; one it would need, when it trailed, costs a start of its own.
-        last = bool(soak_s) and rep == repeats - 2
-        leads = last and first_but_for_peaks(ctx.data(), policy, {t.trial_number}) == t.trial_number
-        soak = _leader_last(ctx, [t], t, soak_s)[1] if leads and soak_s else None
-        await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, soak)
-    return True
+            plan = soak_plan(ctx, t, soak_s) if soak_s and rep == repeats - 1 else None
+            await measure_lifetime(ctx, study, data, report, t, rep, per_lifetime,
+                                   report.lifetimes + repeats - rep, plan)
 
 
 async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measured: list[TrialRecord],
@@ -440,7 +263,8 @@ async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measu
         if soak_s and last:
             now, plan = _leader_last(ctx, now, _leader(ctx, now, policy), soak_s)
         for t in now:  # interleaved: A B C A B C …
-            await _lifetime(ctx, study, data, report, t, rep, per_lifetime, budget, plan if t is now[-1] else None)
+            await measure_lifetime(ctx, study, data, report, t, rep, per_lifetime, budget,
+                                   plan if t is now[-1] else None)
     # One that sat out the last round and leads after it: the round it sat out, so that the best stands on
     # R confirmation starts (and serves the soak, when one was asked, as the leader would have).
     sat_out = [t for t in raced if t.trial_number in counted and t not in now]
@@ -449,6 +273,9 @@ async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measu
         log.info("confirm.sat_out_leads", study=ctx.study_name, trial=late.trial_number,
                  why="it sat out the last round and leads after it: it runs that round too")
         budget += 1
-        plan = _leader_last(ctx, [late], late, soak_s)[1] if soak_s else None
-        await _lifetime(ctx, study, data, report, late, repeats - 1, per_lifetime, budget, plan)
+        plan = soak_plan(ctx, late, soak_s) if soak_s else None
+        await measure_lifetime(ctx, study, data, report, late, repeats - 1, per_lifetime, budget, plan)
     return per_lifetime
+
+
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_REPLAYS", "DEFAULT_TOP", "ConfirmReport", "confirm", "pick"]
