@@ -47,6 +47,9 @@ class Confirmation:
     # bound over the lifetimes' peaks): a bound on their mean would pass a config that runs out of memory
     # in every other start as long as the starts seen were lucky.
     peak_bound: float | None = None
+    # The same on the box's pooled peak spread alone: what the bound tends to once the configuration's own
+    # starts are enough to tell its spread (at two starts, t = 12.7 makes any peak near the wall refused).
+    peak_bound_pooled: float | None = None
     failed_requests: int = 0
     completed_requests: int = 0
     offload: dict[str, Any] | None = None  # the offload check (offload.py), when offload was asked
@@ -127,6 +130,8 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
         # A memory bound errs high: on its own spread at its own t, and on the box's.
         reach = [b for b in (next_high(seen), next_high(seen, peak_spread)) if b is not None]
         c.peak_bound = max([*seen, *reach]) if seen else None
+        pooled = next_high(seen, peak_spread)
+        c.peak_bound_pooled = max([*seen, *([pooled] if pooled is not None else [])]) if seen else None
         c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
         c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
         checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]

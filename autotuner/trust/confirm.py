@@ -18,12 +18,15 @@ A search run that nothing picked for being good is one of its configuration's R 
 (analysis/evidence.py): a reference's (it was run for being the reference), and every candidate's when
 the search measured no other SLO-feasible configuration, so that confirmation took them all and left
 none out for being unlucky. Such a configuration gets R − 1 confirmation lifetimes, sitting out the last
-round unless it leads.
+round unless it leads among picked candidates. When every configuration raced is such a one, the race
+has R − 1 rounds, the best's included (its engine of the last serving the soak), and the R-th only while
+none leads.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import structlog
 
@@ -76,14 +79,23 @@ def pick(analysis: Analysis, top: int) -> list[TrialRecord]:
     return out[:top]
 
 
-def _leader(ctx: TrustContext, raced: list[TrialRecord], policy: str) -> TrialRecord | None:
-    """The confirmed best so far among `raced`: the only one left when the runs cannot rank yet."""
-    data = ctx.data()
-    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), confirmations(data.trials),
-                               soaks(data.trials))
-    alive = {t.trial_number: t for t in raced}
-    leader = next((alive[t.trial_number] for t in ranked if t.trial_number in alive), None)
+def _leader(ctx: TrustContext, raced: list[TrialRecord], policy: str, provisional: bool = False) -> TrialRecord | None:
+    """The confirmed best so far among `raced`: the only one left when the runs cannot rank yet.
+    `provisional`: the best the round about to run should confirm, its peak bounds on the box's pooled
+    spread alone, as their own spread on the starts so far cannot tell yet (soak host before round R)."""
+    leader = _first(ctx, raced, policy, provisional)
     return raced[0] if leader is None and len(raced) == 1 else leader
+
+
+def _first(ctx: TrustContext, raced: list[TrialRecord], policy: str, provisional: bool = False) -> TrialRecord | None:
+    """The one of `raced` the confirmed ranking puts first; None while each is refused on a bound."""
+    data = ctx.data()
+    alive = {t.trial_number: t for t in raced}
+    found = confirmations(data.trials)
+    if provisional:
+        found = {n: replace(c, peak_bound=c.peak_bound_pooled) if n in alive else c for n, c in found.items()}
+    ranked = confirmed_ranking(policy, analyse(data, combine(data.scenario.slos, [])), found, soaks(data.trials))
+    return next((alive[t.trial_number] for t in ranked if t.trial_number in alive), None)
 
 
 def _leader_last(ctx: TrustContext, raced: list[TrialRecord], leader: TrialRecord | None,
@@ -129,6 +141,13 @@ def none_left_out(analysis: Analysis, confirmed: list[TrialRecord]) -> bool:
     configuration that met an SLO on a lucky run meets it again in its confirmed bound or loses."""
     chosen = {repr(sorted(t.flags.items())) for t in confirmed}
     return all(repr(sorted(t.flags.items())) in chosen for t in analysis.candidates)
+
+
+def all_counted(measured: list[TrialRecord], counted: set[int]) -> bool:
+    """Whether every configuration raced stands on its search run as one of its lifetimes. Their search
+    runs were then all measured before the interleaving, so drift of the box between search and
+    confirmation lands on none of them alone, and the best needs no confirmation start beyond R − 1."""
+    return bool(measured) and all(t.trial_number in counted for t in measured)
 
 
 def references_to_confirm(analysis: Analysis, chosen: list[TrialRecord]) -> list[TrialRecord]:
@@ -207,7 +226,7 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
 
 async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord], repeats: int, policy: str,
                   per_lifetime: int, soak_s: float | None) -> TrialRecord | None:
-    """The confirmed best, on R confirmation starts whatever racing did. Racing drops what another
+    """The confirmed best, on R lifetimes whatever racing did. Racing drops what another
     configuration beats on the objectives, and that one can still be refused later on a bound (its memory
     peak, an SLO, a failed start): then the dropped one can end best on the single start it had — a
     certificate on one engine lifetime. It rejoins for the rounds it missed, the last serving the soak,
@@ -221,17 +240,19 @@ async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[Trial
         if best is None or best.trial_number not in report.dropped or best.trial_number not in by_number:
             return best
         t, have = by_number[best.trial_number], found[best.trial_number].lifetimes
-        if have >= repeats:
+        # R confirmation starts; R − 1 where every search run counts (its own is the R-th lifetime).
+        full = repeats - (repeats > 1 and all_counted(measured, set(report.counted)))
+        if have >= full:
             return best
         why = report.dropped.pop(t.trial_number)
         report.rejoined.append(t.trial_number)
         log.info("confirm.rejoined", study=ctx.study_name, trial=t.trial_number, starts=have, dropped_because=why,
                  why="every configuration ahead of it was refused on a bound: it runs the rounds it missed")
         study = ctx.study()
-        for rep in range(have, repeats):
-            plan = soak_plan(ctx, t, soak_s) if soak_s and rep == repeats - 1 else None
+        for rep in range(have, full):
+            plan = soak_plan(ctx, t, soak_s) if soak_s and rep == full - 1 else None
             await measure_lifetime(ctx, study, data, report, t, rep, per_lifetime,
-                                   report.lifetimes + repeats - rep, plan)
+                                   report.lifetimes + full - rep, plan)
 
 
 async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measured: list[TrialRecord],
@@ -240,6 +261,9 @@ async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measu
     their lifetimes. Returns the replays per lifetime the rounds ended on."""
     raced = now = list(measured)
     budget = repeats * (len(measured) - len(counted)) + max(1, repeats - 1) * len(counted)
+    # When every search run counts, R − 1 rounds give each configuration its R lifetimes, the best's
+    # included; its engine of the last of them serves the soak. The R-th round only while none leads.
+    rounds = repeats - 1 if repeats > 1 and all_counted(measured, counted) else repeats
     study = ctx.study()
     for rep in range(repeats):
         if rep:
@@ -248,20 +272,23 @@ async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measu
                 report.dropped[number] = why
                 log.info("confirm.dropped", study=ctx.study_name, trial=number, after_rounds=rep, why=why)
             raced = [t for t in raced if t.trial_number not in out]
+        if rep >= rounds and _first(ctx, raced, policy) is not None:
+            break
         if rep == 2 and per_lifetime > 1:
             per_lifetime = _replays_after_two_rounds(ctx, report, measured, per_lifetime)
         report.replays.append(per_lifetime)
-        plan, last = None, rep == repeats - 1
+        plan, last = None, rep >= rounds - 1
         now = raced
         leader = _leader(ctx, raced, policy) if rep >= max(1, repeats - 1) and counted else None
         if leader is not None:
             # A counted search run is the R-th lifetime, so its configuration sits out the last round; never
-            # while it leads: the best's engine of the last round serves the soak, and its certificate
-            # stands on R confirmation starts whatever it is. While none leads (each so far refused on a
-            # bound), every one runs it: the start may bring one within its bound.
+            # while it leads, in a race beside picked candidates: its search run was measured apart from
+            # their interleaving, so the best stands on R confirmation starts whatever it is, and its engine
+            # of the last round serves the soak. While none leads (each so far refused on a bound), every
+            # one runs it: the start may bring one within its bound.
             now = [t for t in raced if t.trial_number not in counted or t is leader]
         if soak_s and last:
-            now, plan = _leader_last(ctx, now, _leader(ctx, now, policy), soak_s)
+            now, plan = _leader_last(ctx, now, _leader(ctx, now, policy, provisional=rep < repeats - 1), soak_s)
         for t in now:  # interleaved: A B C A B C …
             await measure_lifetime(ctx, study, data, report, t, rep, per_lifetime, budget,
                                    plan if t is now[-1] else None)

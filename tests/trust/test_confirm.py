@@ -40,24 +40,30 @@ def test_confirm_runs_are_interleaved_linked_trials_outside_the_budget(tmp_path:
     study = optuna.load_study(study_name=t.study, storage=t.store.optuna_storage())
     runs = [tr for tr in study.trials if tr.user_attrs.get("kind") == "confirm"]
     rows = {r.trial_number: r for r in t.store.trials(t.study)}
-    # Engine lifetimes in the order they ran: A B A B A B, less what the race dropped (measured no more once
-    # beaten beyond the noise); the first round's lifetimes replay the workload twice.
+    # Engine lifetimes round by round: A B, A B, A B, less what the race dropped (measured no more once
+    # beaten beyond the noise); the round that serves the soak measures its host last. The first round's
+    # lifetimes replay the workload twice.
     lifetimes = list(dict.fromkeys((tr.user_attrs["confirms"], rows[tr.number].result["lifetime"]) for tr in runs))
     order = [n for n, _ in lifetimes]
     count = {n: order.count(n) for n in measured}
-    assert order == [n for rep in range(3) for n in measured if count[n] > rep]
+    assert [lifetime for _, lifetime in lifetimes] == sorted(lifetime for _, lifetime in lifetimes)
+    assert order[:len(measured)] == measured
     replays = {key: sum(1 for tr in runs if (tr.user_attrs["confirms"], rows[tr.number].result["lifetime"]) == key)
                for key in lifetimes}
     # The first two rounds replay the workload twice per start; the simulator's noise is all per lifetime,
     # so the third round restarts for every repeat.
-    assert confirmed.replays == [2, 2, 1] and confirmed.split["output_tokens_per_s"] == 0.0
+    assert confirmed.replays == [2, 2, 1][:len(confirmed.replays)] and confirmed.split["output_tokens_per_s"] == 0.0
     assert all(n == (2 if lifetime < 3 else 1) for (_, lifetime), n in replays.items()), replays
     assert confirmed.runs == len(runs) == sum(replays.values()) and confirmed.lifetimes == len(lifetimes)
-    # Under three starts: dropped by the race, or a configuration whose search run counts (a reference, or
-    # every candidate when the two are all the search found feasible) sitting out the last round.
-    sat_out = {n for n in confirmed.counted if n not in confirmed.dropped and count[n] == 2}
-    assert {n for n in measured if count[n] < 3} == set(confirmed.dropped) | sat_out
-    assert confirmed.confirmed_best not in confirmed.dropped and count[confirmed.confirmed_best] == 3
+    # Under three lifetimes: dropped by the race. One whose search run counts (a reference, or every
+    # candidate when the two are all the search found feasible) has it as one of its three, and may be
+    # found beaten once it has all three.
+    lives = {n: count[n] + (n in confirmed.counted) for n in measured}
+    assert all(lives[n] == 3 for n in measured if n not in confirmed.dropped), lives
+    assert all(lives[n] < 3 or n in confirmed.counted for n in confirmed.dropped), (lives, confirmed.dropped)
+    best = confirmed.confirmed_best
+    assert best not in confirmed.dropped and lives[best] == 3 + (best in confirmed.references
+                                                                 and set(confirmed.counted) != set(measured))
     assert all(tr.state == optuna.trial.TrialState.COMPLETE for tr in runs)
     assert len(launched_trials(study)) == 4  # the budget counts the search only
     assert all(rows[tr.number].kind == "confirm" and rows[tr.number].result["confirms"] == tr.user_attrs["confirms"]
@@ -115,8 +121,11 @@ def test_when_confirmation_takes_every_feasible_configuration_each_search_run_co
     assert set(confirmed.counted) == set(confirmed.candidates + confirmed.references)
     starts = _starts(t, confirmed)
     best = confirmed.confirmed_best
-    assert best is not None and starts[best] == 3  # the best runs the last round: its engine serves the soak
-    assert all(starts[n] <= 2 for n in starts if n != best), starts
+    # Two rounds give each its three lifetimes, the best's too: its engine of the second serves the soak.
+    # Its peaks (~95 %) on two starts bound the next past 97 % at t = 12.7; the host is chosen on the box's
+    # pooled peak spread instead, or the soak would go to the slower one and the best start again for it.
+    assert best is not None and starts[best] == 2
+    assert all(starts[n] <= 2 for n in starts), starts
     assert confirmed.lifetimes == sum(starts.values()) < 3 * len(starts)
     rows = {r.trial_number: r for r in t.store.trials(t.study)}
     for n, summary in confirmed.summaries.items():
@@ -263,7 +272,7 @@ def test_when_no_candidate_holds_up_the_next_in_line_are_confirmed(tmp_path: Pat
     assert rows[first].flags[UTIL] == 0.92 and confirmed.summaries[first].bad_runs
     assert confirmed.confirmed_best == second and rows[second].flags[UTIL] < 0.92
     starts = _starts(t, confirmed)
-    assert starts[first] == 1 and starts[second] == 3, starts
+    assert starts[first] == 1 and starts[second] + (second in confirmed.counted) == 3, (starts, confirmed)
     assert soaked is not None and soaked.passed is not None and soaked.passed.original == second
 
 
@@ -308,14 +317,15 @@ class AtTheWall(VirtualRunner):
 
     def __init__(self, sc: Scenario, over: float, scale: dict[float, float]) -> None:
         super().__init__(sc)
-        self.over, self.scale, self.starts = over, scale, 0
+        self.over, self.scale = over, scale
+        self.starts: dict[float, int] = defaultdict(int)  # per utilization: each one's peaks spread alike
 
     def evaluate(self, flags: Mapping[str, FlagValue], pruner: object = None, replay: int = 0) -> TrialResult:
         result = super().evaluate(flags, pruner, replay)  # type: ignore[arg-type]
-        self.starts += 1
         util = float(flags[UTIL])
+        self.starts[util] += 1
         if result.outcome == Outcome.OK:
-            result.memory["peak_fraction"] = util + self.over + (0.002 if self.starts % 2 else -0.002)
+            result.memory["peak_fraction"] = util + self.over + (0.002 if self.starts[util] % 2 else -0.002)
             throughput = float(result.metrics["output_tokens_per_s"])
             result.metrics["output_tokens_per_s"] = throughput * self.scale.get(util, 1.0)
         return result
@@ -345,7 +355,8 @@ def test_the_best_refused_on_its_memory_peak_alone_is_backed_off_and_confirmed(t
     assert confirmed.confirmed_best == new, confirmed
     assert confirmed.summaries[new].search_run and confirmed.summaries[new].intervals["output_tokens_per_s"].n == 3
     starts = _starts(t, confirmed)
-    assert starts[new] == 2 and starts[wall] == 3, starts  # and its first run
+    # Their search runs count; the wall ran the third round as none led after two (each refused).
+    assert starts[new] == 2 and starts[wall] == 3, starts
     user = next(n for n, r in rows.items() if r.kind == "current")
     assert user in confirmed.dropped and starts[user] == 1 and not confirmed.rejoined, (confirmed, starts)
     assert soaked is not None and soaked.passed is not None and soaked.passed.original == new
@@ -356,9 +367,9 @@ def test_the_best_refused_on_its_memory_peak_alone_is_backed_off_and_confirmed(t
 def test_a_back_off_that_trails_does_not_take_the_soak(tmp_path: Path) -> None:
     # The back-off (0.91) measures a little below the user's config (0.89) — not beaten beyond the noise,
     # so it runs its three starts, but never first: its engine does not serve the soak (ten minutes on a
-    # real box), and the user's config, the confirmed best, is soaked on an engine of its own.
+    # real box); the user's config, the confirmed best, keeps the soak its own last engine served.
     sc = scenario(**AT_THE_WALL)
-    t = tune(tmp_path, sc, trials=2, runner=AtTheWall(sc, over=0.047, scale={0.91: 0.97}))
+    t = tune(tmp_path, sc, trials=2, runner=AtTheWall(sc, over=0.047, scale={0.91: 0.985, 0.92: 0.95}))
     confirmed, soaked = t.trust(top=1, repeats=3, soak_s=30, replays=1)
     assert confirmed is not None
     [(new, _)] = confirmed.backed_off.items()
