@@ -12,11 +12,12 @@ from typing import Any, NamedTuple, TypeVar
 
 import typer
 
+from autotuner.analysis.evidence import SoakVerdict
 from autotuner.analysis.study_data import load_study, open_store
 from autotuner.errors import UserInputError
 from autotuner.scenario import Scenario
 from autotuner.store.db import Store
-from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP, ConfirmReport, confirm
+from autotuner.trust.confirm import DEFAULT_REPEATS, DEFAULT_REPLAYS, DEFAULT_TOP, ConfirmReport, confirm, next_to_soak
 from autotuner.trust.context import TrustContext
 from autotuner.trust.soak import SoakReport, soak
 from autotuner.tuner.runners import TrialRunner, runner_for
@@ -152,6 +153,10 @@ def run_soak(storage: str, study: str | None, duration_s: float, flags: dict[str
     return 0 if report.passed is not None else 1
 
 
+# Configurations soaked in turn before the trust phase gives up, as `soak` does.
+SOAK_TRIES = 3
+
+
 async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: TrialRunner,
                      runner_for: Callable[[Scenario], TrialRunner], plan: ConfirmPlan, duration_s: float,
                      on_event: Any = None) -> tuple[ConfirmReport | None, SoakReport | None]:
@@ -163,15 +168,23 @@ async def after_tune(scenario: Scenario, store: Store, study_name: str, runner: 
                               soak_s=duration_s if duration_s > 0 else None)
     if confirmed.confirmed_best is None or duration_s <= 0:
         return confirmed, None
-    failed = [v for v in confirmed.soaked if not v.passed]  # the failures that moved the soak on, first
-    # The best's, on its last confirmation engine; a later one may be a backed-off configuration's that
-    # did not end best (confirm.py).
-    done = next((v for v in reversed(confirmed.soaked) if v.original == confirmed.confirmed_best), None)
-    if done is not None and done.passed:
-        return confirmed, SoakReport(study_name, [*failed, done])  # soaked on its last confirmation's engine
-    soaked = await soak(ctx, duration_s)
-    soaked.verdicts[:0] = failed
-    return confirmed, soaked
+    verdicts: list[SoakVerdict] = []
+    for _ in range(SOAK_TRIES):
+        # The best — after a failed soak the next — on R lifetimes (confirm.next_to_soak).
+        best = await next_to_soak(ctx, confirmed, plan.repeats, "knee", duration_s)
+        if best is None:
+            break
+        # Its soak on its last confirmation engine (a later verdict may be a backed-off configuration's that
+        # did not end best, confirm.py), else one on an engine of its own.
+        done = next((v for v in reversed(confirmed.soaked) if v.original == best.trial_number), None)
+        if done is None or not done.passed:
+            done = (await soak(ctx, duration_s, tries=1)).verdicts[0]
+        verdicts.append(done)
+        if done.passed:
+            break
+    # The failures that moved the soak on, first.
+    failed = [v for v in confirmed.soaked if not v.passed and v not in verdicts]
+    return confirmed, SoakReport(study_name, [*failed, *verdicts])
 
 
 __all__ = ["DEFAULT_REPEATS", "DEFAULT_TOP", "ConfirmPlan", "after_tune", "parse_confirm", "run_confirm", "run_soak"]

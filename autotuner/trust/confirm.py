@@ -224,6 +224,17 @@ async def confirm(ctx: TrustContext, top: int = DEFAULT_TOP, repeats: int = DEFA
     return report
 
 
+async def next_to_soak(ctx: TrustContext, report: ConfirmReport, repeats: int, policy: str,
+                       soak_s: float) -> TrialRecord | None:
+    """The configuration to soak now, on R lifetimes: the confirmed ranking's first, which changes when
+    the best fails its soak. One that racing dropped runs the rounds it missed first, the last one's
+    engine serving the soak, as when a bound refused the configurations ahead of it; without that, the
+    soak would move on to a configuration certified on the one or two starts it had."""
+    numbers = set(report.candidates) | set(report.references)
+    measured = [t for t in ctx.data().trials if t.trial_number in numbers]
+    return await _rejoin(ctx, report, measured, repeats, policy, report.replays[-1] if report.replays else 1, soak_s)
+
+
 async def _rejoin(ctx: TrustContext, report: ConfirmReport, measured: list[TrialRecord], repeats: int, policy: str,
                   per_lifetime: int, soak_s: float | None) -> TrialRecord | None:
     """The confirmed best, on R lifetimes whatever racing did. Racing drops what another
@@ -305,4 +316,4 @@ async def _race(ctx: TrustContext, data: StudyData, report: ConfirmReport, measu
     return per_lifetime
 
 
-__all__ = ["DEFAULT_REPEATS", "DEFAULT_REPLAYS", "DEFAULT_TOP", "ConfirmReport", "confirm", "pick"]
+__all__ = ["DEFAULT_REPEATS", "DEFAULT_REPLAYS", "DEFAULT_TOP", "ConfirmReport", "confirm", "next_to_soak", "pick"]

@@ -3,6 +3,7 @@ acceptance case — under noise, a lucky single-shot best is not what gets expor
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from autotuner.export.report import run_report
 from autotuner.scenario import Scenario
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.result import TrialResult
+from autotuner.trust.commands import ConfirmPlan, after_tune
 from autotuner.trust.confirm import ConfirmReport
 from autotuner.tuner.budget import launched_trials
 from autotuner.tuner.runners import VirtualRunner
@@ -308,6 +310,60 @@ def test_a_dropped_configuration_that_ends_best_runs_the_rounds_it_missed(tmp_pa
     assert confirmed.summaries[slow].intervals["output_tokens_per_s"].n == 3
     assert soaked is not None and soaked.passed is not None and soaked.passed.original == slow
     assert soaked.passed.after_confirm, "the soak runs on the engine of its last confirmation start"
+
+
+def test_a_soak_that_moves_on_to_a_dropped_configuration_runs_its_missed_rounds_first(tmp_path: Path) -> None:
+    # The runner-up (0.88) is beaten beyond a 1 % noise after one round and dropped; the best (0.92) runs
+    # every round and then runs out of memory in its soak. The soak moves on to the runner-up, which must
+    # not be certified on the one confirmation start it had: it runs rounds two and three first, the last
+    # one's engine serving its soak.
+    # (A soak that fails on the best's last confirmation engine is confirmation's own rejoin; here every
+    # soak runs on an engine of its own, as with a runner that cannot serve two workloads in a lifetime.)
+    t = tune(tmp_path, scenario(**UTIL_SPACE, **{"engine.sim.noise": 0.01}), trials=6, prune=False)
+    confirmed, soaked = asyncio.run(after_tune(
+        t.scenario, t.store, t.study, OneWorkload(t.scenario), lambda sc: SoakOom(sc, 0.92),
+        ConfirmPlan(2, 3, 1), 30.0))
+    assert confirmed is not None and not confirmed.counted and not confirmed.soaked
+    rows = {r.trial_number: r for r in t.store.trials(t.study)}
+    best, slow = confirmed.candidates
+    assert rows[best].flags[UTIL] == 0.92 and confirmed.confirmed_best == best
+    assert slow in confirmed.rejoined and slow not in confirmed.dropped, confirmed
+    assert _starts(t, confirmed) == {best: 3, slow: 3}
+    assert soaked is not None and [v.original for v in soaked.verdicts] == [best, slow], soaked
+    failed, passed = soaked.verdicts
+    assert not failed.passed and passed.passed
+    assert confirmed_stands_on(t, slow) == 3
+    chosen = select(t.storage, t.study, [], "knee")
+    assert chosen.chosen is not None and chosen.chosen.trial_number == slow and not chosen.missing
+
+
+class OneWorkload(VirtualRunner):
+    """The simulator, as a runner that cannot serve a second workload in an engine lifetime."""
+
+    async def run_lifetime(self, flags: Mapping[str, FlagValue], runs: int, on_phase: object = None,
+                           then: Scenario | None = None) -> list[TrialResult]:
+        return await super().run_lifetime(flags, runs, None, None)
+
+
+class SoakOom(VirtualRunner):
+    """The simulator under the soak's workload, where `util` runs out of memory."""
+
+    def __init__(self, sc: Scenario, util: float) -> None:
+        super().__init__(sc, first_run=100_000)
+        self.util = util
+
+    def evaluate(self, flags: Mapping[str, FlagValue], pruner: object = None, replay: int = 0) -> TrialResult:
+        result = super().evaluate(flags, pruner, replay)  # type: ignore[arg-type]
+        if float(flags[UTIL]) == self.util:
+            result.outcome, result.reason, result.metrics = Outcome.OOM_CRASH, "CUDA out of memory (fake)", {}
+        return result
+
+
+def confirmed_stands_on(t: Tuned, original: int) -> int:
+    """The engine lifetimes the interval of `original`'s throughput stands on."""
+    from autotuner.analysis.evidence import confirmations
+
+    return confirmations(t.store.trials(t.study))[original].intervals["output_tokens_per_s"].n
 
 
 class AtTheWall(VirtualRunner):
