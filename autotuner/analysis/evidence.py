@@ -128,10 +128,10 @@ def confirmations(trials: list[TrialRecord]) -> dict[int, Confirmation]:
         seen = peaks[original]
         c.worst_peak_fraction = max(seen) if seen else None
         # A memory bound errs high: on its own spread at its own t, and on the box's.
-        reach = [b for b in (next_high(seen), next_high(seen, peak_spread)) if b is not None]
+        pooled = [b for b in (next_high(seen, peak_spread),) if b is not None]
+        reach = [b for b in (next_high(seen),) if b is not None] + pooled
         c.peak_bound = max([*seen, *reach]) if seen else None
-        pooled = next_high(seen, peak_spread)
-        c.peak_bound_pooled = max([*seen, *([pooled] if pooled is not None else [])]) if seen else None
+        c.peak_bound_pooled = max([*seen, *pooled]) if seen else None
         c.failed_requests = sum(int(r.metrics.get("failed") or 0) for r in ok)
         c.completed_requests = sum(int(r.metrics.get("completed") or 0) for r in ok)
         checks = [r.result.get("offload") for r in rows if isinstance(r.result.get("offload"), dict)]
